@@ -1,0 +1,5 @@
+import sys
+
+from linnet.cli import main
+
+sys.exit(main())

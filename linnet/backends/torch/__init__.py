@@ -1,0 +1,1 @@
+"""The PyTorch backend: generated standalone source, run eager, under inductor, or with CUDA graphs."""

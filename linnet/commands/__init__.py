@@ -1,0 +1,1 @@
+"""Subcommands of ``linnet``; each module defines ``register(subparsers)``."""

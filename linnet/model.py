@@ -1,0 +1,45 @@
+"""Open a model from what users have: a Hugging Face directory, a GGUF file, or a registry name."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from linnet.errors import LinnetError
+from linnet.spec import ModelSpec, load_spec
+from linnet.tokenizer import Tokenizer, load_tokenizer
+from linnet.weights import Weights, load_safetensors
+
+
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    weights: Weights
+    tokenizer: Tokenizer | None
+    path: Path
+
+
+def resolve(model: str) -> Path:
+    """A path as given, or the local file a registry name points to."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return path
+    from linnet.default_model import resolve_name
+
+    found = resolve_name(model)
+    if found is None:
+        raise LinnetError(f"no such model file or directory, and no registry model named {model!r}")
+    return found
+
+
+def open_model(model: str) -> LoadedModel:
+    path = resolve(model)
+    if path.is_file() and path.suffix == ".gguf":
+        from linnet.gguf.reader import load_gguf
+
+        return load_gguf(path)
+    if path.is_dir():
+        spec = load_spec(path)
+        weights = load_safetensors(path, spec)
+        tokenizer = load_tokenizer(path) if (path / "tokenizer.json").is_file() else None
+        return LoadedModel(spec, weights, tokenizer, path)
+    raise LinnetError(f"{path} is neither a Hugging Face model directory nor a .gguf file")

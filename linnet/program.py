@@ -1,0 +1,84 @@
+"""The Linnet program: a model as block-level ops that every runtime already has a fast kernel for.
+
+A program has three parts: ``embed`` (tokens -> x), ``layer`` (x -> x, one block applied
+``num_layers`` times with that layer's weights and KV cache) and ``head`` (x -> logits). Each op
+names its output, its inputs (values or ``w.<part>`` weights) and constant attributes. Backends
+turn each op kind into a line of their own code; Llama, Qwen2 and Qwen3 differ only in which ops
+appear, decided here from the spec.
+
+Op kinds:
+  embedding(tokens, w)          rows of the embedding table
+  rms_norm(x, w; eps)           RMS norm over the last axis (also per head, for q/k norm)
+  linear(x, w[, b])             x @ w.T (+ b)
+  split_heads(x; heads)         [..., heads*head_dim] -> [..., heads, head_dim]
+  rotary(x)                     rotary position embedding at the call's positions
+  attention(q, k, v)            writes k, v into this layer's cache, attends causally over it
+  swiglu(gate, up)              silu(gate) * up
+  add(a, b)                     residual add
+
+The head reads ``w.lm_head``; for a tied model each backend binds it to the embedding table (as a view
+or a converted copy, whichever its layout wants).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from linnet.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str
+    out: str
+    inputs: tuple[str, ...]
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Program:
+    spec: ModelSpec
+    embed: tuple[Op, ...]
+    layer: tuple[Op, ...]
+    head: tuple[Op, ...]
+
+
+def build_program(spec: ModelSpec) -> Program:
+    eps = {"eps": spec.rms_norm_eps}
+
+    def bias(part: str, present: bool) -> tuple[str, ...]:
+        return (f"w.{part}",) if present else ()
+
+    layer = [
+        Op("rms_norm", "h", ("x", "w.attn_norm"), eps),
+        Op("linear", "q", ("h", "w.q", *bias("q_bias", spec.qkv_bias))),
+        Op("linear", "k", ("h", "w.k", *bias("k_bias", spec.qkv_bias))),
+        Op("linear", "v", ("h", "w.v", *bias("v_bias", spec.qkv_bias))),
+        Op("split_heads", "q", ("q",), {"heads": spec.num_heads}),
+        Op("split_heads", "k", ("k",), {"heads": spec.num_kv_heads}),
+        Op("split_heads", "v", ("v",), {"heads": spec.num_kv_heads}),
+    ]
+    if spec.qk_norm:
+        layer += [
+            Op("rms_norm", "q", ("q", "w.q_norm"), eps),
+            Op("rms_norm", "k", ("k", "w.k_norm"), eps),
+        ]
+    layer += [
+        Op("rotary", "q", ("q",)),
+        Op("rotary", "k", ("k",)),
+        Op("attention", "a", ("q", "k", "v")),
+        Op("linear", "a", ("a", "w.o", *bias("o_bias", spec.o_bias))),
+        Op("add", "x", ("x", "a")),
+        Op("rms_norm", "h", ("x", "w.mlp_norm"), eps),
+        Op("linear", "g", ("h", "w.gate")),
+        Op("linear", "u", ("h", "w.up")),
+        Op("swiglu", "h", ("g", "u")),
+        Op("linear", "h", ("h", "w.down")),
+        Op("add", "x", ("x", "h")),
+    ]
+    return Program(
+        spec=spec,
+        embed=(Op("embedding", "x", ("tokens", "w.embed")),),
+        layer=tuple(layer),
+        head=(Op("rms_norm", "x", ("x", "w.norm"), eps), Op("linear", "logits", ("x", "w.lm_head"))),
+    )
