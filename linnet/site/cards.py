@@ -1,0 +1,90 @@
+"""The "Linnet against the stack it replaces" cards: each side in its fastest configuration.
+
+A card names its two sides by group and row-name pattern; each side is the best row that matches.
+A card whose side did not run is left off: there is nothing to compare.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+from linnet.results import METRICS, Results, Row
+from linnet.site import format as fmt
+
+# An export is the same model in the same engine, so a small change is noise, not a result.
+SAME_SPEED = 0.05
+
+
+@dataclass(frozen=True)
+class Side:
+    group: str | None  # None: any group
+    pattern: str  # fnmatch pattern on the row name
+
+
+@dataclass(frozen=True)
+class Spec:
+    title: str
+    metric: str
+    ours: Side
+    theirs: Side
+    export: bool = False  # shown as a change in percent, as the table shows exports
+
+
+LLM, SERVING = "LLM engines", "Serving many requests"
+SPECS = (
+    Spec("vs vLLM, one request", "decode_tok_s", Side(None, "Linnet, *"), Side(LLM, "vLLM")),
+    Spec("vs the reference, in PyTorch", "decode_tok_s",
+         Side("PyTorch", "Linnet, *"), Side("PyTorch", "transformers*")),
+    Spec("vs KerasHub, in JAX", "decode_tok_s", Side("JAX", "Linnet, *"), Side("JAX", "KerasHub*")),
+    Spec("exported to vLLM, SGLang, TGI", "decode_tok_s",
+         Side(LLM, "vLLM on Linnet's export"), Side(LLM, "vLLM"), export=True),
+    Spec("vs vLLM, serving", "serve_tok_s", Side(SERVING, "linnet.serve, *"), Side(SERVING, "vLLM")),
+    Spec("exported, serving", "serve_tok_s",
+         Side(SERVING, "vLLM on Linnet's export"), Side(SERVING, "vLLM"), export=True),
+    Spec("vs vLLM, behind Triton", "serve_tok_s",
+         Side(SERVING, "Triton, linnet.serve backend"), Side(SERVING, "Triton, vLLM backend")),
+)
+
+
+@dataclass(frozen=True)
+class Card:
+    spec: Spec
+    ours: Row
+    theirs: Row
+    ratio: float  # how many times better ours is
+
+    @property
+    def headline(self) -> str:
+        return fmt.change(self.ratio) if self.spec.export else fmt.ratio(self.ratio)
+
+    @property
+    def verdict(self) -> str:
+        if self.spec.export and abs(self.ratio - 1) < SAME_SPEED:
+            return "the same speed"
+        return "faster" if self.ratio >= 1 else "slower"
+
+
+def _fastest(results: Results, side: Side, metric: str) -> Row | None:
+    rows = [r for r in results.rows if r.value(metric) is not None
+            and side.group in (None, r.group) and fnmatchcase(r.name, side.pattern)]
+    if not rows:
+        return None
+    return (min if METRICS[metric] else max)(rows, key=lambda r: r.value(metric))
+
+
+def _ratio(ours: Row, theirs: Row, metric: str) -> float:
+    """The ratio the row recorded against that very row (from unrounded values), else the values'."""
+    a = ours.against
+    if a is not None and a.row == theirs.name and a.metric == metric and (a.group or ours.group) == theirs.group:
+        return a.ratio
+    mine, other = ours.value(metric), theirs.value(metric)
+    return other / mine if METRICS[metric] else mine / other
+
+
+def cards(results: Results) -> list[Card]:
+    found = []
+    for spec in SPECS:
+        ours, theirs = _fastest(results, spec.ours, spec.metric), _fastest(results, spec.theirs, spec.metric)
+        if ours is not None and theirs is not None:
+            found.append(Card(spec, ours, theirs, _ratio(ours, theirs, spec.metric)))
+    return found
