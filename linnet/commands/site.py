@@ -1,0 +1,21 @@
+"""``linnet site [RESULTS...] -o DIR``: render the Nestmodels pages as static HTML."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from linnet.site.render import bundled_results, render_site
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("site", help="render the registry and results files as static HTML pages")
+    parser.add_argument("results", nargs="*", type=Path,
+                        help="results files (default: the published results that ship with Linnet)")
+    parser.add_argument("-o", "--output", type=Path, default=Path("site"), help="where to write (default: site)")
+    parser.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    pages = render_site(args.results or bundled_results(), args.output)
+    print(f"wrote {len(pages)} pages to {args.output}; open {args.output / 'index.html'}")
+    return 0
