@@ -1,0 +1,31 @@
+"""``linnet info MODEL``: the model's spec, as Linnet reads it."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from linnet.commands._common import add_model_argument
+from linnet.model import open_model
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("info", help="print a model's spec")
+    add_model_argument(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    model = open_model(args.model)
+    spec = model.spec
+    info = {"path": str(model.path), **spec.to_dict(), "parameters": spec.parameter_count()}
+    if model.tokenizer is not None:
+        info["tokenizer_eos_ids"] = list(model.tokenizer.eos_ids)
+        info["chat_template"] = model.tokenizer.chat_template is not None
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    width = max(map(len, info))
+    for key, value in info.items():
+        print(f"{key:<{width}}  {value}")
+    return 0

@@ -1,0 +1,81 @@
+"""``linnet run``: generate from a prompt or a chat message, streaming the text, then a summary."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from linnet.commands._common import add_model_argument, add_runner_arguments, make_runner, round_up
+from linnet.errors import LinnetError
+from linnet.generation import Sampling, generate
+from linnet.model import open_model
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("run", help="generate text from a prompt or chat message")
+    add_model_argument(parser)
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--prompt", help="plain text prompt")
+    what.add_argument("--chat", help="a user message, wrapped in the model's chat template")
+    parser.add_argument("--system", help="system message for --chat")
+    add_runner_arguments(parser)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--cache-positions", type=int, default=None,
+                        help="KV cache length (default: prompt + new tokens, rounded up to 128)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    parser.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    model = open_model(args.model)
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise LinnetError(f"{model.path} has no tokenizer.json; linnet run needs one")
+    if args.prompt is None:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        messages.append({"role": "user", "content": args.chat or "What is the capital of France?"})
+        prompt_ids = tokenizer.encode_chat(messages)
+    else:
+        prompt_ids = tokenizer.encode(args.prompt)
+    positions = args.cache_positions or min(round_up(len(prompt_ids) + args.max_new_tokens), model.spec.max_positions)
+    runner = make_runner(model, args, positions)
+
+    def show(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    result = generate(
+        runner, prompt_ids, args.max_new_tokens, sampling, tokenizer=tokenizer, stop=args.stop,
+        on_text=None if args.json else show,
+    )
+    import torch
+
+    summary = {
+        "model": str(model.path),
+        "backend": args.backend,
+        "dtype": args.dtype,
+        "threads": torch.get_num_threads(),
+        "load_average": os.getloadavg()[0],
+        "load_s": round(runner.load_time, 4),
+        "ttft_ms": round(result.ttft_s * 1000, 2),
+        "decode_tok_s": round(result.decode_tok_s, 2),
+        "new_tokens": len(result.token_ids),
+        "finish_reason": result.finish_reason,
+    }
+    if args.json:
+        print(json.dumps({"prompt_ids": prompt_ids, "token_ids": result.token_ids, "text": result.text, **summary}))
+    else:
+        print(
+            f"\n\n[{summary['new_tokens']} tokens, {summary['finish_reason']} · first token {summary['ttft_ms']:.0f} ms"
+            f" · decode {summary['decode_tok_s']:.1f} tok/s · load {summary['load_s']:.2f} s"
+            f" · {args.backend} {args.dtype}, {summary['threads']} threads, load average {summary['load_average']:.2f}]",
+            file=sys.stderr,
+        )
+    return 0

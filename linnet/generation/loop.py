@@ -1,0 +1,94 @@
+"""``generate``: one request on one cache row, written once against the Runner contract."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from linnet.backends.runner import Runner
+from linnet.errors import CacheFull, LinnetError
+from linnet.generation.sampling import Sampler, Sampling
+from linnet.generation.text import TextStream
+from linnet.tokenizer import Tokenizer
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = "length"  # "stop" (EOS or stop string) or "length"
+    ttft_s: float = 0.0  # prompt in, first token out
+    decode_s: float = 0.0  # from the first token to the last
+
+    @property
+    def decode_tok_s(self) -> float:
+        steps = len(self.token_ids) - 1
+        return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
+
+
+def generate(
+    runner: Runner,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int = 128,
+    sampling: Sampling = Sampling(),
+    tokenizer: Tokenizer | None = None,
+    eos_ids: Sequence[int] | None = None,
+    stop: Sequence[str] = (),
+    on_text: Callable[[str], None] | None = None,
+    row: int = 0,
+) -> Generation:
+    """Prefill ``prompt_ids`` into ``row`` and decode until EOS, a stop string or ``max_new_tokens``.
+
+    ``on_text`` receives the text as it becomes safe to show (needs ``tokenizer``).
+    """
+    if max_new_tokens < 1:
+        raise LinnetError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if not prompt_ids:
+        raise LinnetError("the prompt is empty")
+    needed = len(prompt_ids) + max_new_tokens - 1  # the last token is sampled, never fed back
+    if needed > runner.cache.positions:
+        raise CacheFull(
+            f"prompt of {len(prompt_ids)} tokens + {max_new_tokens} new tokens needs {needed} cache positions, "
+            f"but the KV cache holds {runner.cache.positions}; shorten the prompt, lower --max-new-tokens, "
+            "or raise --cache-positions"
+        )
+    if (stop or on_text) and tokenizer is None:
+        raise LinnetError("stop strings and streamed text need a tokenizer")
+    eos = set(tokenizer.eos_ids if eos_ids is None and tokenizer else eos_ids or ())
+    sampler = Sampler(sampling)
+    stream = TextStream(tokenizer, stop) if tokenizer else None
+    out = Generation(prompt_ids=list(prompt_ids))
+    tokens = [0] * runner.cache.rows
+    active = [r == row for r in range(runner.cache.rows)]
+
+    start = time.perf_counter()
+    runner.reset(row)
+    logits = runner.prefill(row, list(prompt_ids))
+    while True:
+        token = sampler(logits)
+        if not out.token_ids:
+            out.ttft_s = time.perf_counter() - start
+            first = time.perf_counter()
+        if token in eos:
+            out.finish_reason = "stop"
+            break
+        out.token_ids.append(token)
+        if stream is not None:
+            piece = stream.feed(token)
+            if piece and on_text:
+                on_text(piece)
+            if stream.stopped:
+                out.finish_reason = "stop"
+                break
+        if len(out.token_ids) == max_new_tokens:
+            break
+        tokens[row] = token
+        logits = runner.decode(tokens, active)[row]
+    out.decode_s = time.perf_counter() - first
+    if stream is not None:
+        rest = stream.finish()
+        if rest and on_text:
+            on_text(rest)
+        out.text = stream.text
+    return out

@@ -1,0 +1,131 @@
+"""One conformance suite for every backend x architecture x dtype, against transformers (eager).
+
+Tolerances (absolute, on logits): f32 1e-4. In 16 bits both sides round every intermediate, each in
+its own order, so the budget scales with the logits' size: bf16 (8-bit mantissa, relative step
+2^-8 = 0.4%) 0.05 x max|logit|, f16 (11-bit) 0.01 x max|logit|; the tiny models' logits are about 5-15.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from linnet.backends import CacheShape, create_runner
+from linnet.generation import generate
+from linnet.model import open_model
+
+transformers = pytest.importorskip("transformers")
+
+CASE_IDS = ["llama-gqa3", "llama-mqa-tied-rope3", "qwen2-tied", "qwen3-gqa3", "qwen3-mqa-tied"]
+HF_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+RELATIVE_TOLERANCE = {"bf16": 0.05, "f16": 0.01}
+VOCAB = 331
+
+# (backend, dtype) pairs: eager in every dtype; compiled modes in f32 and one 16-bit dtype.
+MATRIX = [
+    ("torch:eager", "f32"), ("torch:eager", "bf16"), ("torch:eager", "f16"),
+    ("torch:inductor", "f32"), ("torch:inductor", "bf16"),
+    ("torch:cudagraphs", "f32"),
+]
+PARAMS = [
+    pytest.param(b, d, c, id=f"{b}-{d}-{c}", marks=[pytest.mark.slow] if (b != "torch:eager" and d != "f32") else [])
+    for b, d in MATRIX for c in CASE_IDS
+]
+
+
+def tolerance(dtype: str, reference: np.ndarray) -> float:
+    return 1e-4 if dtype == "f32" else RELATIVE_TOLERANCE[dtype] * float(np.abs(reference).max())
+
+
+def prompt(n: int, seed: int = 0) -> list[int]:
+    return np.random.RandomState(seed).randint(3, VOCAB, size=n).tolist()
+
+
+_runners: dict = {}
+_references: dict = {}
+
+
+def reference(checkpoint_dir, case: str, dtype: str):
+    key = (case, dtype)
+    if key not in _references:
+        _references[key] = transformers.AutoModelForCausalLM.from_pretrained(
+            checkpoint_dir(case), dtype=getattr(torch, HF_DTYPES[dtype])
+        ).eval()
+    return _references[key]
+
+
+def reference_logits(checkpoint_dir, case: str, dtype: str, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return reference(checkpoint_dir, case, dtype)(torch.tensor([ids])).logits[0].float().numpy()
+
+
+@pytest.mark.parametrize(("backend", "dtype", "case"), PARAMS)
+def test_prefill_logits_match_transformers(checkpoint_dir, backend, dtype, case):
+    r = _get_runner(checkpoint_dir, backend, dtype, case)
+    ids = prompt(24)
+    want = reference_logits(checkpoint_dir, case, dtype, ids)
+    got = r.prefill(0, ids, all_logits=True)
+    assert got.shape == (24, VOCAB)
+    assert np.abs(got - want).max() <= tolerance(dtype, want)
+
+
+@pytest.mark.parametrize(("backend", "dtype", "case"), PARAMS)
+def test_prefill_then_decode_matches_at_every_position(checkpoint_dir, backend, dtype, case):
+    r = _get_runner(checkpoint_dir, backend, dtype, case)
+    ids = prompt(30, seed=1)
+    want = reference_logits(checkpoint_dir, case, dtype, ids)
+    tol = tolerance(dtype, want)
+    got = r.prefill(1, ids[:10])
+    assert np.abs(got - want[9]).max() <= tol
+    for i in range(10, 30):
+        got = r.decode([0, ids[i]], active=[False, True])[1]
+        assert np.abs(got - want[i]).max() <= tol, f"position {i}"
+
+
+@pytest.mark.parametrize(("backend", "dtype", "case"), [p for p in PARAMS if p.values[1] == "f32"])
+def test_32_greedy_tokens_identical(checkpoint_dir, backend, dtype, case):
+    r = _get_runner(checkpoint_dir, backend, dtype, case)
+    ids = prompt(12, seed=2)
+    with torch.no_grad():
+        want = reference(checkpoint_dir, case, "f32").generate(
+            torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0,
+            min_new_tokens=32,
+        )[0, 12:].tolist()
+    got = generate(r, ids, max_new_tokens=32, eos_ids=[]).token_ids
+    assert got == want
+
+
+@pytest.mark.parametrize(("backend", "dtype", "case"), PARAMS)
+def test_rows_decoded_together_equal_each_alone(checkpoint_dir, backend, dtype, case):
+    r = _get_runner(checkpoint_dir, backend, dtype, case)
+    a, b = prompt(7, seed=3), prompt(13, seed=4)
+
+    def alone(row: int, ids: list[int]) -> list[np.ndarray]:
+        out = [r.prefill(row, ids)]
+        for _ in range(5):
+            token = int(out[-1].argmax())
+            tokens = [token if i == row else 0 for i in range(2)]
+            out.append(r.decode(tokens, active=[i == row for i in range(2)])[row])
+        return out
+
+    want_a, want_b = alone(0, a), alone(1, b)
+    got_a, got_b = [r.prefill(0, a)], [r.prefill(1, b)]
+    for _ in range(5):
+        both = r.decode([int(got_a[-1].argmax()), int(got_b[-1].argmax())])
+        got_a.append(both[0])
+        got_b.append(both[1])
+    # Same computation per row, but batched matmuls may sum in another order: allow rounding only.
+    tol = 1e-5 if dtype == "f32" else tolerance(dtype, want_a[0]) / 5
+    for x, y in zip(got_a + got_b, want_a + want_b):
+        assert np.abs(x - y).max() <= tol
+
+
+def _get_runner(checkpoint_dir, backend: str, dtype: str, case: str):
+    """One runner per (backend, dtype, case), reused across tests: compiling is the slow part."""
+    if backend == "torch:cudagraphs" and not torch.cuda.is_available():
+        pytest.skip("torch:cudagraphs needs a CUDA GPU; none here")
+    key = (backend, dtype, case)
+    if key not in _runners:
+        model = open_model(str(checkpoint_dir(case)))
+        _runners[key] = create_runner(backend, model.weights, CacheShape(rows=2, positions=64), dtype=dtype)
+    return _runners[key]
