@@ -1,0 +1,116 @@
+"""Load a GGUF file (llama, qwen2, qwen3) as a ModelSpec, float32 Weights and a Tokenizer.
+
+Quantised tensors are dequantised once with ``gguf.quants``; the result is kept in the converted-weights
+cache, keyed by the file's identity, so later loads map it instead of dequantising again.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize
+
+from linnet.arch import architecture_for_family
+from linnet.errors import UnsupportedModel, WeightError
+from linnet.gguf.format import GGUFFile
+from linnet.gguf.rope import llama3_from_factors, rope_permute
+from linnet.gguf.tokenizer import tokenizer_from_gguf
+from linnet.names import expected_shapes, gguf_name
+from linnet.spec import ModelSpec, RopeSpec
+from linnet.weight_cache import cached_tensors, source_identity
+from linnet.weights import Weights
+
+# The types tested against llama.cpp; the i-quants and ternary types are refused rather than trusted.
+SUPPORTED_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
+                             Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K})
+ROPE_FREQS = "rope_freqs.weight"
+_CACHE_VERSION = 1  # bump when the dequantised layout changes
+
+if TYPE_CHECKING:
+    from linnet.model import LoadedModel
+
+
+def load_gguf(path: str | Path) -> LoadedModel:
+    from linnet.model import LoadedModel  # linnet.model imports this module lazily
+
+    start = time.perf_counter()
+    path = Path(path)
+    gguf = GGUFFile(path)
+    spec = spec_from_gguf(gguf)
+    names = {gguf_name(c): c for c in expected_shapes(spec)}
+    unknown = sorted(set(gguf.tensors) - set(names) - {ROPE_FREQS})
+    if unknown:
+        raise UnsupportedModel(f"{path.name} has tensors Linnet does not know: {', '.join(unknown[:5])}")
+    for name in names:
+        if name in gguf.tensors and gguf.tensors[name].type not in SUPPORTED_TYPES:
+            raise WeightError(f"tensor {name!r} is stored as {gguf.tensors[name].type.name}, which Linnet "
+                              f"cannot read; supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}")
+    source = source_identity([path])
+
+    def dequantised() -> dict[str, torch.Tensor]:
+        out = {}
+        for name, canonical in names.items():
+            if name in gguf.tensors:  # a missing one is named by Weights' shape check
+                array = dequantize(gguf.raw(name), gguf.tensors[name].type).astype(np.float32, copy=False)
+                if not array.flags.writeable:  # f32 data is a view of the read-only file map
+                    array = array.copy()
+                out[canonical] = rope_permute(spec, canonical, torch.from_numpy(array), inverse=True)
+        return out
+
+    tensors = cached_tensors(source, f"gguf-dequantize-f32-v{_CACHE_VERSION}", dequantised)
+    weights = Weights(spec, tensors, time.perf_counter() - start, source)
+    tokenizer = tokenizer_from_gguf(gguf.metadata) if "tokenizer.ggml.model" in gguf.metadata else None
+    return LoadedModel(spec, weights, tokenizer, path)
+
+
+def spec_from_gguf(gguf: GGUFFile) -> ModelSpec:
+    meta = gguf.metadata
+    family = meta.get("general.architecture")
+    arch = architecture_for_family(family)
+
+    def key(name: str, default: Any = None) -> Any:
+        value = meta.get(f"{family}.{name}", default)
+        if value is None:
+            raise UnsupportedModel(f"{gguf.path.name} lacks metadata key {family}.{name}")
+        return value
+
+    if "token_embd.weight" not in gguf.tensors:
+        raise WeightError(f"{gguf.path.name} has no token_embd.weight")
+    hidden, heads = key("embedding_length"), key("attention.head_count")
+    head_dim = key("attention.key_length", hidden // heads)  # llama.cpp's default too
+    if key("attention.value_length", head_dim) != head_dim:
+        raise UnsupportedModel("attention.value_length differs from key_length; not supported")
+    if meta.get(f"{family}.rope.scaling.type", "none") != "none":
+        raise UnsupportedModel(f"rope scaling {meta[f'{family}.rope.scaling.type']!r} is not supported")
+    theta = _f32(key("rope.freq_base", 10000.0))  # llama.cpp's default when the key is absent
+    rope = RopeSpec(theta=theta)
+    if ROPE_FREQS in gguf.tensors:
+        rope = llama3_from_factors(theta, head_dim, dequantize(gguf.raw(ROPE_FREQS), gguf.tensors[ROPE_FREQS].type))
+    flags = arch.attention_flags({"attention_bias": "blk.0.attn_q.bias" in gguf.tensors})
+    eos = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    return ModelSpec(
+        architecture=arch.name,
+        vocab_size=gguf.tensors["token_embd.weight"].shape[0],
+        hidden_size=hidden,
+        intermediate_size=key("feed_forward_length"),
+        num_layers=key("block_count"),
+        num_heads=heads,
+        num_kv_heads=key("attention.head_count_kv", heads),
+        head_dim=head_dim,
+        rms_norm_eps=_f32(key("attention.layer_norm_rms_epsilon")),
+        rope=rope,
+        max_positions=key("context_length"),
+        tie_word_embeddings="output.weight" not in gguf.tensors,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=tuple(i for i in eos if i is not None),
+        **flags,
+    )
+
+
+def _f32(value: float) -> float:
+    """The shortest decimal that is the same float32: GGUF's 9.999999747e-06 reads back as 1e-05."""
+    return float(str(np.float32(value)))
