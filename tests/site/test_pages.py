@@ -1,0 +1,165 @@
+"""The rendered pages carry everything the seed pages show, formatted as there.
+
+The seed pages (tests/site/data/*.seed.txt) are text dumps of two finished pages. Every line of them
+must appear in the rendered page, in order, whitespace aside; each chart must show the seed's groups,
+ticks, bars and values in the seed's order. The few places where the pages differ on purpose are in
+DELIBERATE, each with its reason.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+from pagetext import Page, squash
+
+from linnet import registry
+from linnet.commands import site as site_command
+from linnet.errors import ResultsError
+from linnet.results import Row, load_results, save_results
+from linnet.site.render import bundled_results, render_site
+
+DATA = Path(__file__).parent / "data"
+SEEDS = {"qwen3-4b": DATA / "qwen3-4b.seed.txt", "qwen2.5-0.5b-instruct": DATA / "qwen2.5-0.5b-instruct.seed.txt"}
+
+DELIBERATE = {
+    # The registry holds the count of the checkpoint's weights (494,032,768); the seed's 494.5M is no count.
+    "494.5M parameters": "494M parameters",
+    # Three significant figures: the seed printed a fourth for a value just under ten.
+    "10.00 GiB": "10.0 GiB",
+    # Notes sit on a line under their row, so the table has no Notes column.
+    "Distance from referenceNotes": "Distance from reference",
+}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    render_site(bundled_results(), out)
+    return out
+
+
+def _seed_lines(model: str) -> list[str]:
+    text = SEEDS[model].read_text(encoding="utf-8")
+    for seed, ours in DELIBERATE.items():
+        text = text.replace(seed, ours)
+    return [line.strip().removeprefix("•").strip() for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("model", SEEDS)
+def test_every_line_of_the_seed_is_on_the_page_in_order(site: Path, model: str):
+    page = squash(Page((site / f"{model}.html").read_text()).text)
+    lines = _seed_lines(model)
+    at = 0
+    for previous, line in zip([""] + lines, lines):
+        if "the best bar is red." in previous or "Not drawn" in line:
+            continue  # a chart's text, or the list of rows not drawn: checked below, part by part
+        found = page.find(squash(line), at)
+        assert found >= 0, f"not on the page (after position {at}): {line!r}"
+        at = found + len(squash(line))
+
+
+@pytest.mark.parametrize("model", SEEDS)
+def test_charts_show_the_seed_bars_ticks_and_groups(site: Path, model: str):
+    charts = Page((site / f"{model}.html").read_text()).charts
+    lines = _seed_lines(model)
+    seed_charts = [line for previous, line in zip(lines, lines[1:]) if "the best bar is red." in previous]
+    assert len(charts) == len(seed_charts) == 6
+    for chart, seed in zip(charts, seed_charts):
+        drawn = "".join(chart.groups) + "".join(chart.ticks) + "".join(n + v for n, v in chart.bars)
+        assert squash(drawn) == squash(seed)
+
+
+@pytest.mark.parametrize("model", SEEDS)
+def test_the_best_bar_is_the_red_one(site: Path, model: str):
+    for chart in Page((site / f"{model}.html").read_text()).charts:
+        values = {name: float(value.split()[0].replace(",", "")) for name, value in chart.bars}
+        best = (min if "lower is better" in chart.caption else max)(values.values())
+        assert len(chart.red) == 1 and values[chart.red[0]] == best, chart.caption
+
+
+@pytest.mark.parametrize("model", SEEDS)
+def test_rows_whose_memory_is_a_setting_are_listed_not_drawn(site: Path, model: str):
+    page = Page((site / f"{model}.html").read_text())
+    memory = page.charts[-1]
+    seed = next(line for line in _seed_lines(model) if "Not drawn" in line)
+    seed_names = seed.split("rather than a need: ")[1].removesuffix(" (in the table).")
+    ours = memory.caption.split("rather than a need: ")[1].removesuffix(" (in the table).").split("; ")
+    for name in sorted(ours, key=len, reverse=True):  # longest first: "vLLM" is inside other names
+        assert name in seed_names
+        seed_names = seed_names.replace(name, "")
+    assert seed_names.strip(", ") == "", "the seed lists rows the page does not"
+    assert not set(ours) & {name for name, _ in memory.bars}
+
+
+def test_index_lists_the_registry_with_headline_ratios(site: Path):
+    text = Page((site / "index.html").read_text()).text
+    for entry in registry.entries():
+        assert entry.name in text and (site / f"{entry.id}.html").is_file()
+        assert (site / "registry" / f"{entry.id}.toml").read_text() == (
+            registry.MODELS_DIR / f"{entry.id}.toml").read_text()
+    smol = text[text.index("SmolLM2 135M Instruct"):]
+    assert "No results yet." in smol
+    qwen25 = text[text.index("Qwen2.5 0.5B Instruct"):text.index("Qwen3 4B")]
+    assert squash("1.49× vs vLLM, one request") in squash(qwen25)
+    assert squash("\u221227.9% exported to vLLM, SGLang, TGI") in squash(qwen25)
+    assert "No results yet" in Page((site / "smollm2-135m-instruct.html").read_text()).text
+
+
+def test_pages_need_no_server_and_no_scripts(site: Path):
+    for page in site.glob("*.html"):
+        html = page.read_text()
+        assert "<script" not in html
+        for link in re.findall(r'(?:href|src)="([^"#]+)"', html):
+            assert link.startswith("https://") or (site / link).is_file(), f"{page.name}: {link}"
+
+
+def _with_rows(tmp_path: Path, name: str, **changes) -> Path:
+    results = load_results(registry.RESULTS_DIR / "qwen2.5-0.5b-instruct.h100-2026-09-28.json")
+    results = dataclasses.replace(results, **changes)
+    path = tmp_path / name
+    save_results(results, path)
+    return path
+
+
+def test_a_row_not_run_shows_its_reason(tmp_path: Path):
+    base = load_results(registry.RESULTS_DIR / "qwen2.5-0.5b-instruct.h100-2026-09-28.json")
+    path = _with_rows(tmp_path, "r.json", rows=[*base.rows, Row("LLM engines", "SGLang", not_run="needs CUDA 13")])
+    render_site([path], tmp_path / "out")
+    page = Page((tmp_path / "out" / "qwen2.5-0.5b-instruct.html").read_text())
+    assert squash("SGLang not run: needs CUDA 13 not compared") in squash(page.text)
+    assert all("SGLang" not in name for chart in page.charts for name, _ in chart.bars)
+
+
+def test_two_runs_side_by_side(tmp_path: Path):
+    base = load_results(registry.RESULTS_DIR / "qwen2.5-0.5b-instruct.h100-2026-09-28.json")
+    faster = [dataclasses.replace(r, metrics={k: dataclasses.replace(m, value=m.value * 2)
+                                              for k, m in r.metrics.items()}) for r in base.rows]
+    after = _with_rows(tmp_path, "after.json", rows=faster, timestamp="2026-10-01T09:00:00+00:00",
+                       machine=dataclasses.replace(base.machine, accelerator="NVIDIA H200"))
+    before = registry.RESULTS_DIR / "qwen2.5-0.5b-instruct.h100-2026-09-28.json"
+    render_site([after, before], tmp_path / "out")
+    page = Page((tmp_path / "out" / "qwen2.5-0.5b-instruct.html").read_text())
+    text = squash(page.text)
+    assert squash("Side by side") in text
+    # Oldest first: the H100's decode speed, then the H200's, twice as fast.
+    assert squash("Linnet, CUDA graphs 908 tok/s 1,816 tok/s +100.0%") in text
+    assert squash("Linnet, CUDA graphs 1.82 ms 3.64 ms +100.0%") in text
+    assert len(page.charts) == 12  # both runs in full, the newest first
+    assert squash("NVIDIA H200 · 512 prompt tokens") in text.split(squash("NVIDIA H100 80GB HBM3 · 512"))[0]
+
+
+def test_results_for_a_model_not_in_the_registry(tmp_path: Path):
+    path = _with_rows(tmp_path, "r.json", model="gpt-9")
+    with pytest.raises(ResultsError, match=r"r\.json: model: 'gpt-9' is not in the registry"):
+        render_site([path], tmp_path / "out")
+
+
+def test_site_command_renders_the_bundled_results(tmp_path: Path, capsys):
+    args = type("Args", (), {"results": [], "output": tmp_path / "out"})()
+    assert site_command.handle(args) == 0
+    assert {p.name for p in (tmp_path / "out").glob("*.html")} == {
+        "index.html", *(f"{e.id}.html" for e in registry.entries())}
+    assert len(list((tmp_path / "out" / "results").glob("*.json"))) == 2
+    assert "wrote 4 pages" in capsys.readouterr().out
