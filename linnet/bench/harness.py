@@ -1,0 +1,148 @@
+"""The parent: one worker process per subject, then the distances, the ratios and a ``Results``.
+
+Each subject runs in its own process so that one's memory, threads and compiled state never
+contaminate another's; the load average is read before and after each, since on a small machine any
+other busy process changes every figure.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from linnet.bench import machine
+from linnet.bench.protocol import REFERENCE, ROW_NAMES, Job, random_prompt
+from linnet.model import open_model, resolve
+from linnet.registry.schema import Protocol
+from linnet.results import Against, Machine, Metric, Results, Row
+
+GROUP = "PyTorch"
+OMP_WAIT_POLICIES = ("passive", "active", "inherit")
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str  # a path or registry name
+    subjects: tuple[str, ...]  # Linnet backends and peers, in any order; the reference runs first
+    protocol: Protocol
+    dtype: str = "f32"
+    threads: int | None = None  # None: every core this process may use
+    omp_wait_policy: str = "passive"  # or "active", or "inherit" the caller's environment
+
+
+def run_bench(settings: Settings, log: Any = sys.stderr) -> Results:
+    path = resolve(settings.model)
+    spec = open_model(str(path)).spec
+    threads = settings.threads or machine.cores()
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    load_average = [round(x, 2) for x in os.getloadavg()]
+    order = sorted(settings.subjects, key=lambda s: s != REFERENCE)  # stable: the reference first
+    reports = {}
+    with tempfile.TemporaryDirectory(prefix="linnet-bench-") as tmp:
+        job = Job(str(path), settings.dtype, settings.protocol,
+                  random_prompt(spec.vocab_size, settings.protocol.prompt_tokens), tmp)
+        job.save(Path(tmp) / "job.json")
+        for subject in order:
+            print(f"linnet bench: {subject} ...", file=log, flush=True)
+            reports[subject] = run_worker(Path(tmp) / "job.json", subject, threads, settings.omp_wait_policy)
+        distances = {s: distance_from_reference(job, s, reports) for s in order
+                     if s != REFERENCE and "not_run" not in reports[s]}
+    rows = [make_row(s, reports[s], distances.get(s)) for s in order]
+    add_comparisons(rows)
+    accelerator = next((r["accelerator"] for r in reports.values() if "accelerator" in r), None)
+    return Results(
+        model=settings.model if not Path(settings.model).exists() else path.resolve().name,
+        timestamp=started,
+        machine=Machine(accelerator=accelerator, cpu=f"{machine.cpu_model()}, {machine.cores()} cores",
+                        memory_gib=machine.memory_gib(), threads=threads, load_average=load_average),
+        versions=machine.versions(),
+        protocol=settings.protocol,
+        rows=rows,
+    )
+
+
+def run_worker(job: Path, subject: str, threads: int, omp_wait_policy: str) -> dict[str, Any]:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    if omp_wait_policy != "inherit":
+        env["OMP_WAIT_POLICY"] = omp_wait_policy.upper()
+    before = os.getloadavg()[0]
+    done = subprocess.run([sys.executable, "-m", "linnet.bench.worker", str(job), subject],
+                          stdout=subprocess.PIPE, text=True, env=env)
+    after = os.getloadavg()[0]
+    lines = done.stdout.strip().splitlines()
+    try:
+        report = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        report = {"not_run": f"failed: the worker exited with status {done.returncode} and no report",
+                  "failed": True}
+    return {**report, "load_average": [round(before, 2), round(after, 2)]}
+
+
+def distance_from_reference(job: Job, subject: str, reports: dict[str, dict]) -> tuple[float, int] | None:
+    """Largest |logit difference| from the reference, and over how many steps, or None without one.
+
+    Step 0 is the prompt's last position; step i follows the first i generated tokens, so once the two
+    chose different tokens, later steps have different inputs and are not compared.
+    """
+    ref = reports.get(REFERENCE)
+    if ref is None or "not_run" in ref:
+        return None
+    mine, theirs = np.load(job.logits_path(subject)), np.load(job.logits_path(REFERENCE))
+    a, b = reports[subject]["tokens"], ref["tokens"]
+    same = 0
+    while same < min(len(a), len(b)) and a[same] == b[same]:
+        same += 1
+    steps = min(same + 1, len(mine), len(theirs))
+    return float(np.max(np.abs(mine[:steps] - theirs[:steps]))), steps
+
+
+def make_row(subject: str, r: dict[str, Any], distance: tuple[float, int] | None) -> Row:
+    name = ROW_NAMES[subject]
+    if "not_run" in r:
+        return Row(GROUP, name, not_run=r["not_run"])
+    metrics = {
+        "ttft_ms": _metric([t * 1000 for t in r["ttft_s"]]),
+        "decode_tok_s": _metric(r["decode_tok_s"]),
+        "load_s": _metric([r["load_s"]]),
+        "peak_mem_gib": _metric([r["peak_memory"] / 2**30]),
+    }
+    before, after = r["load_average"]
+    policy = r["omp_wait_policy"]
+    notes = [
+        *r["notes"],
+        f"{r['threads']} threads, " + (f"OMP_WAIT_POLICY={policy}" if policy else "OMP_WAIT_POLICY unset"),
+        f"load average {before:.2f} before, {after:.2f} after",
+        f"first generation {r['first_generation_s']:.3g} s",
+    ]
+    if subject == REFERENCE:
+        return Row(GROUP, name, metrics, distance="reference", notes=notes)
+    if distance is None:
+        return Row(GROUP, name, metrics, notes=notes)
+    value, steps = distance
+    if steps < len(r["tokens"]):
+        notes.append(f"greedy tokens differ from the reference's at step {steps}; distance over the steps before")
+    return Row(GROUP, name, metrics, distance=value, notes=notes)
+
+
+def _metric(samples: list[float]) -> Metric:
+    return Metric(statistics.median(samples), samples)
+
+
+def add_comparisons(rows: list[Row]) -> None:
+    """Each Linnet row against the faster transformers row of this same run, on decode speed."""
+    peers = [r for r in rows if r.name.startswith("transformers") and r.not_run is None]
+    if not peers:
+        return
+    best = max(peers, key=lambda r: r.value("decode_tok_s"))
+    for row in rows:
+        if row.name.startswith("Linnet") and row.not_run is None:
+            row.against = Against(best.name, "decode_tok_s", row.value("decode_tok_s") / best.value("decode_tok_s"))

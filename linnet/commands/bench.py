@@ -1,0 +1,52 @@
+"""``linnet bench``: Linnet's backends against transformers, each in its own process, on one checkpoint."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from linnet.bench.harness import OMP_WAIT_POLICIES, Settings, run_bench
+from linnet.bench.protocol import LINNET_BACKENDS, PEERS
+from linnet.bench.table import format_results
+from linnet.commands._common import add_model_argument
+from linnet.errors import LinnetError
+from linnet.registry.schema import Protocol
+from linnet.results import save_results
+from linnet.spec import DTYPES
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("bench", help="measure Linnet's backends and transformers on one checkpoint")
+    add_model_argument(parser)
+    parser.add_argument("--backend", action="append", choices=LINNET_BACKENDS,
+                        help="a Linnet backend (repeatable; default: all of them)")
+    parser.add_argument("--peer", action="append", choices=PEERS,
+                        help="a peer (repeatable; default: both); 'transformers' is the reference")
+    parser.add_argument("--dtype", default="f32", choices=DTYPES)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=None, help="per worker (default: every core)")
+    parser.add_argument("--omp-wait-policy", default="passive", choices=OMP_WAIT_POLICIES,
+                        help="OMP_WAIT_POLICY for the workers (default: passive; inherit leaves it alone)")
+    parser.add_argument("-o", "--output", help="write the results JSON here")
+    parser.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    if args.new_tokens < 2:
+        raise LinnetError("--new-tokens must be at least 2: decode speed is timed from the first token on")
+    if args.runs < 1 or args.warmup < 0 or args.prompt_tokens < 1:
+        raise LinnetError("--runs and --prompt-tokens must be positive, --warmup not negative")
+    protocol = Protocol(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, batch=1,
+                        runs=args.runs, warmups=args.warmup)
+    subjects = tuple(args.peer or PEERS) + tuple(args.backend or LINNET_BACKENDS)
+    results = run_bench(Settings(args.model, subjects, protocol, args.dtype, args.threads, args.omp_wait_policy))
+    print(format_results(results))
+    if args.output:
+        save_results(results, args.output)
+        print(f"\nwrote {args.output}")
+    failed = [r.name for r in results.rows if (r.not_run or "").startswith("failed")]
+    if failed:
+        print(f"linnet bench: {', '.join(failed)} failed (see the errors above)", file=sys.stderr)
+    return 1 if failed else 0
