@@ -163,3 +163,15 @@ def test_site_command_renders_the_bundled_results(tmp_path: Path, capsys):
         "index.html", *(f"{e.id}.html" for e in registry.entries())}
     assert len(list((tmp_path / "out" / "results").glob("*.json"))) == 2
     assert "wrote 4 pages" in capsys.readouterr().out
+
+
+COMMITTED = Path(__file__).parents[2] / "docs" / "site"
+
+
+@pytest.mark.skipif(not COMMITTED.is_dir(), reason="no committed site beside these tests")
+def test_the_committed_site_is_current(site: Path):
+    files = sorted(p.relative_to(site) for p in site.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(COMMITTED) for p in COMMITTED.rglob("*") if p.is_file())
+    for name in files:
+        assert (site / name).read_bytes() == (COMMITTED / name).read_bytes(), (
+            f"docs/site/{name} is stale: run `linnet site -o docs/site`")
