@@ -119,7 +119,8 @@ def make_row(subject: str, r: dict[str, Any], distance: tuple[float, int] | None
     policy = r["omp_wait_policy"]
     notes = [
         *r["notes"],
-        f"{r['threads']} threads, " + (f"OMP_WAIT_POLICY={policy}" if policy else "OMP_WAIT_POLICY unset"),
+        f"{r['threads']} thread{'s' * (r['threads'] != 1)}, "
+        + (f"OMP_WAIT_POLICY={policy}" if policy else "OMP_WAIT_POLICY unset"),
         f"load average {before:.2f} before, {after:.2f} after",
         f"first generation {r['first_generation_s']:.3g} s",
     ]

@@ -1,0 +1,124 @@
+"""linnet bench on a tiny checkpoint: real worker processes, a real reference, a tiny protocol."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from linnet.bench import worker
+from linnet.bench.harness import distance_from_reference
+from linnet.bench.protocol import Job, cache_positions, random_prompt
+from linnet.commands import bench
+from linnet.registry.schema import Protocol
+from linnet.results import METRICS, load_results
+
+pytest.importorskip("transformers")
+
+PROTOCOL = Protocol(prompt_tokens=16, new_tokens=8, batch=1, runs=2, warmups=1)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.register(parser.add_subparsers())
+    return parser.parse_args(["bench", *argv])
+
+
+@pytest.fixture(scope="module")
+def run(checkpoint_dir, tmp_path_factory):
+    """One bench: transformers (the reference), Linnet eager, and CUDA graphs (not run without a GPU)."""
+    out = tmp_path_factory.mktemp("bench") / "results.json"
+    args = parse([
+        str(checkpoint_dir("qwen2-tied")), "--peer", "transformers", "--backend", "torch:eager",
+        "--backend", "torch:cudagraphs", "--prompt-tokens", "16", "--new-tokens", "8", "--warmup", "1",
+        "--runs", "2", "--threads", "1", "-o", str(out),
+    ])
+    code = bench.handle(args)
+    return code, load_results(out)
+
+
+def test_every_metric_is_measured(run):
+    code, results = run
+    assert code == 0
+    for name in ("transformers", "Linnet, generated PyTorch"):
+        row = results.find(name, "PyTorch")
+        assert row.not_run is None and set(row.metrics) == set(METRICS) - {"serve_tok_s", "serve_ttft_ms"}
+        assert all(m.value > 0 for m in row.metrics.values())
+        assert len(row.metrics["ttft_ms"].samples) == len(row.metrics["decode_tok_s"].samples) == 2
+    assert results.protocol == PROTOCOL
+
+
+def test_distance_from_the_reference(run):
+    _, results = run
+    assert results.find("transformers", "PyTorch").distance == "reference"
+    linnet = results.find("Linnet, generated PyTorch", "PyTorch")
+    assert isinstance(linnet.distance, float) and linnet.distance < 1e-3
+    assert linnet.against.row == "transformers" and linnet.against.metric == "decode_tok_s"
+    assert "KV cache compiled for 128 positions" in linnet.notes
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA graphs run where there is a GPU")
+def test_cuda_graphs_is_not_run_without_a_gpu(run):
+    _, results = run
+    row = results.find("Linnet, CUDA graphs", "PyTorch")
+    assert row.not_run and "CUDA" in row.not_run and not row.metrics
+
+
+def test_threads_and_load_average_are_recorded(run):
+    _, results = run
+    assert results.machine.threads == 1 and len(results.machine.load_average) == 3
+    assert results.machine.cpu and results.versions["transformers"]
+    for row in results.rows:
+        if row.not_run is None:
+            assert "1 thread, OMP_WAIT_POLICY=PASSIVE" in row.notes
+            assert any(n.startswith("load average ") and " before, " in n for n in row.notes)
+
+
+def test_distance_stops_where_the_greedy_tokens_part(tmp_path: Path):
+    job = Job("unused", "f32", PROTOCOL, [1, 2, 3], str(tmp_path))
+    ref = np.zeros((5, 4), np.float32)
+    mine = ref.copy()
+    mine[1] += 0.25  # the step after the first token, fed the same token by both
+    mine[2:] += 9.0  # inputs differ from here on: not compared
+    np.save(job.logits_path("transformers"), ref)
+    np.save(job.logits_path("torch:eager"), mine)
+    reports = {"transformers": {"tokens": [7, 3, 5, 5, 5]}, "torch:eager": {"tokens": [7, 1, 5, 5, 5]}}
+    assert distance_from_reference(job, "torch:eager", reports) == (0.25, 2)
+    reports["torch:eager"]["tokens"] = [7, 3, 5, 5, 5]
+    assert distance_from_reference(job, "torch:eager", reports) == (9.0, 5)
+
+
+def test_transformers_missing_is_not_run(tmp_path: Path, monkeypatch, capsys):
+    job = Job("unused", "f32", PROTOCOL, [1, 2, 3], str(tmp_path))
+    job.save(tmp_path / "job.json")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ModuleNotFoundError
+    monkeypatch.delitem(sys.modules, "linnet.bench.peers", raising=False)
+    worker.main([str(tmp_path / "job.json"), "transformers"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["not_run"].startswith("transformers is not installed") and "failed" not in report
+
+
+def test_transformers_decodes_every_token_even_past_eos(checkpoint_dir, tmp_path: Path):
+    """A checkpoint whose EOS is the first greedy token still yields new_tokens tokens."""
+    from linnet.bench.peers import TransformersSubject
+
+    source = checkpoint_dir("qwen2-tied")
+    job = Job(str(source), "f32", PROTOCOL, random_prompt(331, 16), str(tmp_path))
+    subject = TransformersSubject(False, job)
+    subject.load()
+    first = subject.generate(job.prompt, 1, record=1).tokens[0]
+    subject.model.config.eos_token_id = first
+    subject.model.generation_config.eos_token_id = first
+    g = subject.generate(job.prompt, 8, record=3)
+    assert len(g.tokens) == 8 and g.tokens[0] == first and g.logits.shape == (3, 331)
+    assert g.ttft_s > 0 and g.decode_s > 0
+
+
+def test_protocol_basics():
+    assert cache_positions(512, 128) == 640 and cache_positions(16, 8) == 128 and cache_positions(600, 100) == 768
+    prompt = random_prompt(331, 64)
+    assert prompt == random_prompt(331, 64) and all(0 <= t < 331 for t in prompt) and len(set(prompt)) > 32
