@@ -1,0 +1,1 @@
+"""Hugging Face checkpoints out: ``export.export_hf``."""

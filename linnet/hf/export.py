@@ -1,0 +1,149 @@
+"""Write a Hugging Face checkpoint that transformers (4.x and 5.x), vLLM, SGLang and TGI load.
+
+The directory is built under a temporary name beside the target and renamed into place at the end,
+so a failed export leaves nothing half-written behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors.torch import save_file
+
+from linnet.arch import get_architecture
+from linnet.errors import LinnetError, UnsupportedModel
+from linnet.names import hf_name
+from linnet.spec import ModelSpec
+from linnet.weights import TORCH_DTYPES
+
+if TYPE_CHECKING:
+    from linnet.model import LoadedModel
+
+HF_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+SHARD_BYTES = 2 * 1024**3
+
+
+def export_hf(model: LoadedModel, out_dir: str | Path, dtype: str, shard_bytes: int = SHARD_BYTES) -> Path:
+    """Write ``model`` as an HF checkpoint in ``dtype`` (f32, f16, bf16) to ``out_dir``; returns it."""
+    if dtype not in HF_DTYPES:
+        raise LinnetError(f"unknown dtype {dtype!r}; choose from {', '.join(HF_DTYPES)}")
+    spec, tokenizer = model.spec, model.tokenizer
+    eos_ids = list(dict.fromkeys([*spec.eos_token_ids, *(tokenizer.eos_ids if tokenizer else ())]))
+    config = hf_config(spec, dtype, eos_ids)  # before any file is touched: it may refuse the model
+    with _staged_dir(Path(out_dir)) as tmp:
+        _write_json(tmp / "config.json", config)
+        _write_json(tmp / "generation_config.json", {"bos_token_id": spec.bos_token_id, "eos_token_id": _one_or_list(eos_ids)})
+        _write_safetensors(tmp, model, TORCH_DTYPES[dtype], shard_bytes)
+        if tokenizer is not None:
+            (tmp / "tokenizer.json").write_text(tokenizer.hf.to_str())
+            _write_json(tmp / "tokenizer_config.json", {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": tokenizer.bos_token,
+                "eos_token": tokenizer.eos_token,
+                "chat_template": tokenizer.chat_template,
+                "model_max_length": spec.max_positions,
+                "clean_up_tokenization_spaces": False,
+            })
+    return Path(out_dir)
+
+
+def hf_config(spec: ModelSpec, dtype: str, eos_ids: list[int]) -> dict[str, Any]:
+    """config.json in both spellings: transformers 4 reads rope_theta and rope_scaling, 5 rope_parameters."""
+    arch = get_architecture(spec.architecture)
+    flags = {"qkv_bias": spec.qkv_bias, "o_bias": spec.o_bias, "qk_norm": spec.qk_norm}
+    if arch.attention_flags({"attention_bias": spec.qkv_bias}) != flags:
+        raise UnsupportedModel(f"{spec.architecture} in config.json cannot express the attention biases/norms {flags}")
+    rope = spec.rope
+    scaling = None
+    if rope.kind == "llama3":
+        scaling = {"rope_type": "llama3", "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
+                   "high_freq_factor": rope.high_freq_factor,
+                   "original_max_position_embeddings": rope.original_max_positions}
+    config = {
+        "architectures": [spec.architecture],
+        "model_type": arch.family,
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": spec.rms_norm_eps,
+        "max_position_embeddings": spec.max_positions,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "attention_bias": spec.qkv_bias,  # llama, qwen3: on q, k, v and o; qwen2 always has its q, k, v bias
+        "rope_theta": rope.theta,
+        "rope_scaling": scaling,
+        "rope_parameters": {"rope_type": rope.kind, "rope_theta": rope.theta, **(scaling or {})},
+        "torch_dtype": HF_DTYPES[dtype],
+        "dtype": HF_DTYPES[dtype],
+        "bos_token_id": spec.bos_token_id,
+        "eos_token_id": _one_or_list(eos_ids),
+        "use_cache": True,
+    }
+    if arch.family == "llama":
+        config["mlp_bias"] = False
+    else:
+        config["use_sliding_window"] = False
+    return config
+
+
+def _write_safetensors(out: Path, model: LoadedModel, dtype: torch.dtype, shard_bytes: int) -> None:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = total = 0
+    for canonical, tensor in model.weights.items():  # a tied head has no lm_head: written tied
+        tensor = tensor.to(dtype).contiguous()
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][hf_name(canonical)] = tensor
+        size += nbytes
+        total += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], out / "model.safetensors", metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, out / name, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+    _write_json(out / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+
+
+@contextmanager
+def _staged_dir(out: Path) -> Iterator[Path]:
+    """A fresh directory beside ``out``, renamed to ``out`` when the block succeeds, removed when not."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise LinnetError(f"{out} already exists and is not an empty directory; choose another output")
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise LinnetError(f"cannot write to {out}: {e.strerror or e}") from None
+    try:
+        yield tmp
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):  # a full disk, a vanished directory: the user's to fix, not a bug
+            raise LinnetError(f"writing {out} failed: {e}") from None
+        raise
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def _one_or_list(ids: list[int]) -> int | list[int] | None:
+    return ids[0] if len(ids) == 1 else (ids or None)

@@ -1,0 +1,110 @@
+"""``linnet export hf``: what it writes, transformers loads, and computes the logits Linnet computes.
+
+Tolerance: f32 on both sides, same operations in a different order; 1e-4 absolute on logits of ~5-15,
+as in the backend conformance suite.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from linnet.backends import CacheShape, create_runner
+from linnet.errors import LinnetError
+from linnet.hf import export as hf_export
+from linnet.hf.export import export_hf
+from linnet.model import open_model
+from linnet.spec import load_spec
+
+transformers = pytest.importorskip("transformers")
+
+CASE_IDS = ["llama-gqa3", "llama-mqa-tied-rope3", "qwen2-tied", "qwen3-gqa3", "qwen3-mqa-tied"]
+PROMPT = [1, 17, 250, 3, 99, 42, 7, 300, 12, 5]
+
+
+def linnet_logits(model) -> np.ndarray:
+    runner = create_runner("torch:eager", model.weights, CacheShape(1, 32))
+    return runner.prefill(0, PROMPT, all_logits=True)
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_transformers_loads_the_export(case, checkpoint_dir, tmp_path):
+    model = open_model(str(checkpoint_dir(case)))
+    out = export_hf(model, tmp_path / "out", "f32")
+
+    every_eos = tuple(dict.fromkeys([*model.spec.eos_token_ids, *model.tokenizer.eos_ids]))
+    assert load_spec(out) == replace(model.spec, eos_token_ids=every_eos)  # config.json lists every EOS id
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = hf(torch.tensor([PROMPT])).logits[0].numpy()
+    np.testing.assert_allclose(theirs, linnet_logits(model), atol=1e-4, rtol=0)
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert ("lm_head.weight" in f.keys()) == (not model.spec.tie_word_embeddings)  # tied stays tied
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    text = "Héllo wörld, the quick brown fox."
+    assert tokenizer(text)["input_ids"] == model.tokenizer.encode(text)
+    messages = [{"role": "user", "content": "Hi there"}]
+    assert tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
+        model.tokenizer.render_chat(messages)
+
+
+def test_config_and_generation_config(checkpoint_dir, tmp_path):
+    model = open_model(str(checkpoint_dir("llama-mqa-tied-rope3")))
+    out = export_hf(model, tmp_path / "out", "bf16")
+    config = json.loads((out / "config.json").read_text())
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}
+    assert config["rope_scaling"] == rope  # transformers 4.x
+    assert config["rope_parameters"] == {**rope, "rope_theta": 500000.0}  # transformers 5.x
+    assert config["rope_theta"] == 500000.0
+    assert config["torch_dtype"] == config["dtype"] == "bfloat16"
+    assert config["attention_bias"] is True and config["tie_word_embeddings"] is True
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == [2, 4]  # config's </s> and the tokenizer's <|im_end|>
+    loaded = transformers.AutoConfig.from_pretrained(out)
+    assert loaded.rope_parameters["rope_type"] == "llama3" and loaded.head_dim == 12
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("model.embed_tokens.weight").dtype == torch.bfloat16
+
+
+def test_sharded_export_loads(checkpoint_dir, tmp_path):
+    model = open_model(str(checkpoint_dir("qwen3-gqa3")))
+    out = export_hf(model, tmp_path / "out", "f32", shard_bytes=40_000)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 2 and not (out / "model.safetensors").exists()
+    assert all((out / s).stat().st_size < 40_000 + 70_000 for s in shards)  # one tensor may overflow a shard
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = hf(torch.tensor([PROMPT])).logits[0].numpy()
+    np.testing.assert_allclose(theirs, linnet_logits(open_model(str(out))), atol=1e-4, rtol=0)
+
+
+def test_unwritable_target_is_a_clear_error(checkpoint_dir, tmp_path):
+    model = open_model(str(checkpoint_dir("qwen2-tied")))
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(LinnetError, match="cannot write"):
+        export_hf(model, blocker / "out", "f32")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    with pytest.raises(LinnetError, match="not an empty directory"):
+        export_hf(model, tmp_path / "full", "f32")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "full"]
+
+
+def test_failed_export_leaves_nothing(checkpoint_dir, tmp_path, monkeypatch):
+    model = open_model(str(checkpoint_dir("qwen2-tied")))
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hf_export, "save_file", full_disk)
+    with pytest.raises(LinnetError, match="No space left"):
+        export_hf(model, tmp_path / "out", "f16")
+    assert list(tmp_path.iterdir()) == []
