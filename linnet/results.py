@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from linnet.errors import ResultsError
 from linnet.registry.schema import Protocol, Serving, check_protocol, parse
@@ -108,7 +109,7 @@ class Results:
 
 def validate(results: Results, where: str = "results") -> None:
     """What types alone cannot say; raises ResultsError naming ``where`` and the field."""
-    def fail(path: str, message: str) -> None:
+    def fail(path: str, message: str) -> NoReturn:
         raise ResultsError(f"{where}: {path}: {message}")
 
     if results.schema_version != SCHEMA_VERSION:
@@ -141,7 +142,7 @@ def validate(results: Results, where: str = "results") -> None:
             _check_against(results, row, f"{path}.against", fail)
 
 
-def _check_against(results: Results, row: Row, path: str, fail: Any) -> None:
+def _check_against(results: Results, row: Row, path: str, fail: Callable[[str, str], NoReturn]) -> None:
     a = row.against
     other = results.find(a.row, a.group or row.group)
     if other is None:
@@ -150,7 +151,7 @@ def _check_against(results: Results, row: Row, path: str, fail: Any) -> None:
         fail(f"{path}.metric", f"unknown metric {a.metric!r}")
     mine, theirs = row.value(a.metric), other.value(a.metric)
     if mine is None or theirs is None:
-        fail(f"{path}.metric", f"{a.metric} is missing from {row.name if mine is None else a.row!r}")
+        fail(f"{path}.metric", f"{a.metric} is missing from {row.name if mine is None else a.row}")
     better = theirs / mine if METRICS[a.metric] else mine / theirs
     if not math.isclose(a.ratio, better, rel_tol=RATIO_TOLERANCE):
         fail(f"{path}.ratio", f"{a.ratio} disagrees with the values ({better:.3f})")

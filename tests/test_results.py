@@ -9,8 +9,7 @@ import pytest
 
 from linnet import registry
 from linnet.errors import ResultsError
-from linnet.results import (GROUPS, Against, Metric, Row, from_data, load_results, save_results,
-                            to_data)
+from linnet.results import GROUPS, Against, Metric, Row, from_data, load_results, save_results, to_data
 
 BUNDLED = sorted(registry.RESULTS_DIR.glob("*.json"))
 QWEN25 = registry.RESULTS_DIR / "qwen2.5-0.5b-instruct.h100-2026-09-28.json"

@@ -52,11 +52,9 @@ def _read(tp: Any, value: Any, where: str, path: str, error: type[LinnetError]) 
         return {k: _read(args[1], v, where, f"{path}.{k}", error) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return parse(tp, value, where, error, path)
-    # bool is an int in Python, but true is never a count; an integer is a fine float.
-    ok = isinstance(value, tp) and not (isinstance(value, bool) and tp is not bool)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not ok:
+        return float(value)  # an integer is a fine number
+    if not isinstance(value, tp) or (isinstance(value, bool) and tp is not bool):  # true is no count
         _fail(error, where, path, f"expected {_KINDS[tp]}, got {value!r}")
     return value
 

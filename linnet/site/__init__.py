@@ -1,0 +1,1 @@
+"""The Nestmodels site: static pages rendered from the registry and results files."""

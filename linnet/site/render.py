@@ -6,9 +6,10 @@ and its results files, copied beside it.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Sequence
 
 import jinja2
 
@@ -70,7 +71,7 @@ def _load(paths: Sequence[Path]) -> dict[str, list[tuple[Path, Results]]]:
                                f"(known: {', '.join(sorted(known))})")
         by_model.setdefault(results.model, []).append((Path(path), results))
     for runs in by_model.values():
-        runs.sort(key=lambda pr: pr[1].timestamp)
+        runs.sort(key=lambda pr: datetime.fromisoformat(pr[1].timestamp))
     return by_model
 
 
