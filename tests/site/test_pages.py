@@ -17,7 +17,7 @@ from pagetext import Page, squash
 from linnet import registry
 from linnet.commands import site as site_command
 from linnet.errors import ResultsError
-from linnet.results import Row, load_results, save_results
+from linnet.results import Machine, Row, load_results, save_results
 from linnet.site.render import bundled_results, render_site
 
 DATA = Path(__file__).parent / "data"
@@ -175,3 +175,19 @@ def test_the_committed_site_is_current(site: Path):
     for name in files:
         assert (site / name).read_bytes() == (COMMITTED / name).read_bytes(), (
             f"docs/site/{name} is stale: run `linnet site -o docs/site`")
+
+
+def test_a_cpu_run(tmp_path: Path):
+    """A run without an accelerator: its CPU leads the protocol line and memory is not the GPU's."""
+    base = load_results(registry.RESULTS_DIR / "qwen2.5-0.5b-instruct.h100-2026-09-28.json")
+    cpu = Machine(accelerator=None, cpu="AMD EPYC 7B13, 2 cores", memory_gib=7.8, threads=2,
+                  load_average=[0.12, 0.3, 0.41])
+    path = _with_rows(tmp_path, "cpu.json", machine=cpu, rows=[r for r in base.rows if r.group == "PyTorch"])
+    render_site([path], tmp_path / "out")
+    page = Page((tmp_path / "out" / "qwen2.5-0.5b-instruct.html").read_text())
+    text = squash(page.text)
+    assert squash("AMD EPYC 7B13, 2 cores · 512 prompt tokens, 128 new") in text
+    assert squash("2 threads · 7.80 GiB memory · load average 0.12, 0.3, 0.41") in text
+    assert "PeakGPUmemory" not in text and squash("Peak memory") in text
+    assert squash("vs the reference, in PyTorch 4.81× faster") in text
+    assert "vsvLLM" not in text  # no card for a peer that has no row
