@@ -1,4 +1,4 @@
-"""One bench subject in its own process: ``python -m linnet.bench.worker JOB SUBJECT``.
+"""One bench subject in its own process: ``python -m linnet.bench.worker JOB SUBJECT [--load-only]``.
 
 Loads the subject, runs the warm-ups and the timed runs (the first generation records its logits and
 pays any compilation), and prints one JSON line: the raw samples, or ``not_run``.
@@ -37,12 +37,14 @@ def open_subject(name: str, job: Job) -> Subject:
     raise LinnetError(f"unknown bench subject {name!r}; choose from {', '.join(LINNET_BACKENDS + PEERS)}")
 
 
-def measure(name: str, job: Job) -> dict[str, Any]:
+def measure(name: str, job: Job, load_only: bool = False) -> dict[str, Any]:
     p = job.protocol
     subject = open_subject(name, job)
     start = time.perf_counter()
     subject.load()
     report: dict[str, Any] = {"load_s": time.perf_counter() - start, "ttft_s": [], "decode_tok_s": []}
+    if load_only:
+        return report
     for i in range(p.warmups + p.runs):
         g = subject.generate(job.prompt, p.new_tokens, record=CHECK_STEPS + 1 if i == 0 else 0)
         if len(g.tokens) != p.new_tokens:
@@ -58,14 +60,14 @@ def measure(name: str, job: Job) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    job_path, name = argv
+    job_path, name, *flags = argv
     report: dict[str, Any] = {
         "threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "accelerator": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     try:
-        report.update(measure(name, Job.load(Path(job_path))))
+        report.update(measure(name, Job.load(Path(job_path)), load_only="--load-only" in flags))
     except BackendUnavailable as e:
         report["not_run"] = str(e)
     except Exception as e:  # a crash is reported, not hidden: the parent marks the row and fails the run
