@@ -19,6 +19,7 @@ class TextStream:
         self.tokenizer = tokenizer
         self.stop = tuple(s for s in stop if s)
         self._decoder = DecodeStream(skip_special_tokens=True)
+        self.ids: list[int] = []
         self.text = ""  # everything decoded so far (up to a stop string)
         self._shown = 0
         self.stopped = False
@@ -26,6 +27,7 @@ class TextStream:
     def feed(self, token: int) -> str:
         if self.stopped:
             return ""
+        self.ids.append(token)
         piece = self._decoder.step(self.tokenizer.hf, token) or ""
         self.text += piece
         for s in self.stop:
@@ -38,7 +40,13 @@ class TextStream:
         return self._emit(len(self.text) - self._held_back())
 
     def finish(self) -> str:
-        """The rest of the text, once no more tokens will come."""
+        """The rest of the text, once no more tokens will come.
+
+        Bytes still waiting for the rest of their character never will: decode them as a whole decode
+        would (as U+FFFD), so the streamed text always equals ``tokenizer.decode(ids)``.
+        """
+        if not self.stopped:
+            self.text = self.tokenizer.decode(self.ids)
         return self._emit(len(self.text))
 
     def _held_back(self) -> int:

@@ -1,0 +1,72 @@
+"""The generated PyTorch source is a product: pinned by golden files, standalone, and runnable alone.
+
+Regenerate the golden files after an intended change with ``LINNET_UPDATE_GOLDEN=1 pytest tests/backends/torch``.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from linnet.backends import CacheShape, create_runner
+from linnet.backends.torch.codegen import generate_source
+from linnet.cli import main as linnet_main
+from linnet.model import open_model
+from linnet.program import build_program
+from linnet.spec import spec_from_hf_config
+
+GOLDEN = Path(__file__).parent / "golden"
+SPECS = {
+    # Qwen3: q/k norm, head_dim 32 != 48 / 6, GQA ratio 3.
+    "qwen3_tiny": {
+        "architectures": ["Qwen3ForCausalLM"], "hidden_size": 48, "intermediate_size": 104,
+        "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 32,
+        "vocab_size": 331, "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+    },
+    # Llama with llama3 rope scaling and biases on q, k, v, o.
+    "llama3_tiny": {
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 300,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "attention_bias": True,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_generated_source_matches_golden(name):
+    source = generate_source(build_program(spec_from_hf_config(SPECS[name])))
+    golden = GOLDEN / f"{name}.py"
+    if os.environ.get("LINNET_UPDATE_GOLDEN"):
+        golden.write_text(source)
+    assert source == golden.read_text()
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_generated_source_imports_torch_only(name):
+    tree = ast.parse((GOLDEN / f"{name}.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported == {"torch"}
+
+
+def test_compiled_directory_runs_without_linnet(checkpoint_dir, tmp_path):
+    model_dir = checkpoint_dir("qwen3-gqa3")
+    out = tmp_path / "compiled"
+    assert linnet_main(["compile", str(model_dir), "-o", str(out)]) == 0
+    # The loader runs in a fresh interpreter from the output directory (its imports: see the test above).
+    result = subprocess.run([sys.executable, "run.py", "1", "5", "7"], cwd=out, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    runner = create_runner("torch:eager", open_model(str(model_dir)).weights, CacheShape(1, 64))
+    logits = runner.prefill(0, [1, 5, 7])
+    expected = [int(np.argmax(logits))]
+    for _ in range(7):
+        expected.append(int(np.argmax(runner.decode([expected[-1]])[0])))
+    assert [int(t) for t in result.stdout.split()] == expected
