@@ -18,7 +18,9 @@ from safetensors.torch import save_file
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("LINNET_CACHE", Path.home() / ".cache" / "linnet"))
+    """Where converted weights and generated modules live; ``LINNET_CACHE=off`` keeps nothing between runs."""
+    root = os.environ.get("LINNET_CACHE", str(Path.home() / ".cache" / "linnet"))
+    return Path(tempfile.gettempdir()) / "linnet-uncached" if root == "off" else Path(root)
 
 
 def source_identity(paths: list[Path]) -> str:
