@@ -1,0 +1,79 @@
+"""Against llama.cpp (llama-cpp-python), on the same GGUF files.
+
+SmolLM2 (Q4_1): llama.cpp multiplies Q4_1 weights by activations it rounds to 8 bits, Linnet by the
+dequantised weights in f32, so logits differ slightly; the check is the greedy tokens and the token ids.
+
+Tiny checkpoints exported to f32 GGUF: llama.cpp runs in f32 (the KV cache too, set below), as does
+Linnet, in another summation order; logits must agree within 1e-3 x max|logit| (measured: ~1e-6),
+and greedy continuations must be the same.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from linnet.backends import CacheShape, create_runner
+from linnet.default_model import DEFAULT_MODEL
+from linnet.generation import generate
+from linnet.gguf.export import export_gguf
+from linnet.model import open_model
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
+pytestmark = pytest.mark.llamacpp
+
+F32 = 0  # ggml_type GGML_TYPE_F32, for llama.cpp's KV cache
+CASE_IDS = ["llama-gqa3", "llama-mqa-tied-rope3", "qwen2-tied", "qwen3-gqa3", "qwen3-mqa-tied"]
+PROMPT = [1, 17, 250, 3, 99, 42, 7, 300, 12, 5]
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def llama_greedy(llm, prompt: list[int], n: int, eos: set[int] = frozenset()) -> list[int]:
+    llm.reset()
+    llm.eval(prompt)
+    out: list[int] = []
+    while len(out) < n:
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        if token in eos:
+            break
+        out.append(token)
+        llm.eval([token])
+    return out
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    model = open_model(DEFAULT_MODEL)
+    llm = llama_cpp.Llama(str(model.path), n_ctx=512, n_threads=2, logits_all=False, verbose=False)
+    return model, llm
+
+
+def test_smollm2_tokenizer_matches_llama_cpp(smollm2):
+    model, llm = smollm2
+    for text in [model.tokenizer.render_chat(QUESTION),
+                 "Numbers 1234567, don't STOP!\n\n  code:\tx = 3.14 😀 héllo<|im_end|> 日本語  "]:
+        assert model.tokenizer.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
+
+
+def test_smollm2_greedy_matches_llama_cpp(smollm2):
+    model, llm = smollm2
+    prompt = model.tokenizer.encode_chat(QUESTION)
+    runner = create_runner("torch:eager", model.weights, CacheShape(1, 128))
+    ours = generate(runner, prompt, max_new_tokens=24, tokenizer=model.tokenizer)
+    theirs = llama_greedy(llm, prompt, 24, set(model.tokenizer.eos_ids))
+    assert ours.token_ids == theirs
+    assert "Paris" in ours.text
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_llama_cpp_runs_the_f32_export(case, checkpoint_dir, tmp_path):
+    model = open_model(str(checkpoint_dir(case)))
+    path = export_gguf(model, tmp_path / "m.gguf", "f32")
+    llm = llama_cpp.Llama(str(path), n_ctx=64, n_threads=2, logits_all=True, type_k=F32, type_v=F32, verbose=False)
+    llm.eval(PROMPT)
+    theirs = np.array(llm.scores[: len(PROMPT)])
+    runner = create_runner("torch:eager", model.weights, CacheShape(1, 64))
+    ours = runner.prefill(0, PROMPT, all_logits=True)
+    assert np.abs(theirs - ours).max() <= 1e-3 * np.abs(ours).max()
+
+    ours_greedy = generate(runner, PROMPT, max_new_tokens=12, eos_ids=()).token_ids
+    assert llama_greedy(llm, PROMPT, 12) == ours_greedy
