@@ -40,7 +40,7 @@ class GGUFFile:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        with open(self.path, "rb") as f:
+        with open(self.path, "rb") as f:  # an empty file cannot be mapped; it fails as a short header
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if f.seek(0, 2) else b""
         try:
             self.metadata, self.tensors = self._parse()

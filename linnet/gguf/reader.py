@@ -77,6 +77,8 @@ def spec_from_gguf(gguf: GGUFFile) -> ModelSpec:
         value = meta.get(f"{family}.{name}", default)
         if value is None:
             raise UnsupportedModel(f"{gguf.path.name} lacks metadata key {family}.{name}")
+        if isinstance(value, list):
+            raise UnsupportedModel(f"{family}.{name} differs per layer; Linnet supports uniform layers only")
         return value
 
     if "token_embd.weight" not in gguf.tensors:

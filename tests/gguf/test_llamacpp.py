@@ -1,11 +1,16 @@
 """Against llama.cpp (llama-cpp-python), on the same GGUF files.
 
-SmolLM2 (Q4_1): llama.cpp multiplies Q4_1 weights by activations it rounds to 8 bits, Linnet by the
-dequantised weights in f32, so logits differ slightly; the check is the greedy tokens and the token ids.
+SmolLM2's Q4_1 file: llama.cpp's CPU kernels round the activations to 8 bits (Q8_1 blocks) before
+every Q4_1 dot product; Linnet multiplies by the dequantised weights in f32. Measured on the chat
+prompt: logits up to ~38 differ by up to 2.6, per-position correlation >= 0.996. The first answer
+token is a near-tie in f32 ("The" 25.33 vs "L" 25.24), which llama.cpp's rounding flips, so the two
+greedy answers part there ("The capital of France is Paris." vs "L'Étoile, ..."). Hence two checks:
+on the Q4_1 file, along llama.cpp's own greedy path, Linnet picks the same next token at >= 90% of
+positions (measured 98-100%); on the same dequantised weights written as f32 GGUF, which removes only
+llama.cpp's activation rounding, the 24-token greedy continuations are identical.
 
-Tiny checkpoints exported to f32 GGUF: llama.cpp runs in f32 (the KV cache too, set below), as does
-Linnet, in another summation order; logits must agree within 1e-3 x max|logit| (measured: ~1e-6),
-and greedy continuations must be the same.
+f32 GGUF files: llama.cpp runs in f32 (the KV cache too, set below), as does Linnet, in another
+summation order; logits agree within 1e-3 x max|logit| (measured: ~1e-5 relative).
 """
 from __future__ import annotations
 
@@ -43,7 +48,7 @@ def llama_greedy(llm, prompt: list[int], n: int, eos: set[int] = frozenset()) ->
 @pytest.fixture(scope="module")
 def smollm2():
     model = open_model(DEFAULT_MODEL)
-    llm = llama_cpp.Llama(str(model.path), n_ctx=512, n_threads=2, logits_all=False, verbose=False)
+    llm = llama_cpp.Llama(str(model.path), n_ctx=512, n_threads=2, logits_all=True, verbose=False)  # scores kept
     return model, llm
 
 
@@ -54,13 +59,25 @@ def test_smollm2_tokenizer_matches_llama_cpp(smollm2):
         assert model.tokenizer.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
 
 
-def test_smollm2_greedy_matches_llama_cpp(smollm2):
+def test_smollm2_q4_1_next_tokens_agree_with_llama_cpp(smollm2):
     model, llm = smollm2
+    prompt = model.tokenizer.encode_chat(QUESTION)
+    path = prompt + llama_greedy(llm, prompt, 24)
+    theirs = np.array(llm.scores[: len(path) - 1])
+    runner = create_runner("torch:eager", model.weights, CacheShape(1, 128))
+    ours = runner.prefill(0, path[:-1], all_logits=True)
+    assert min(np.corrcoef(a, b)[0, 1] for a, b in zip(ours, theirs)) >= 0.99
+    assert (ours.argmax(-1) == theirs.argmax(-1)).mean() >= 0.9
+
+
+def test_smollm2_greedy_matches_llama_cpp_on_the_dequantised_weights(smollm2, tmp_path):
+    model, _ = smollm2
+    path = export_gguf(model, tmp_path / "smollm2-f32.gguf", "f32")
+    llm = llama_cpp.Llama(str(path), n_ctx=128, n_threads=2, logits_all=True, type_k=F32, type_v=F32, verbose=False)
     prompt = model.tokenizer.encode_chat(QUESTION)
     runner = create_runner("torch:eager", model.weights, CacheShape(1, 128))
     ours = generate(runner, prompt, max_new_tokens=24, tokenizer=model.tokenizer)
-    theirs = llama_greedy(llm, prompt, 24, set(model.tokenizer.eos_ids))
-    assert ours.token_ids == theirs
+    assert llama_greedy(llm, prompt, 24, set(model.tokenizer.eos_ids)) == ours.token_ids
     assert "Paris" in ours.text
 
 
