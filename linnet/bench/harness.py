@@ -88,8 +88,7 @@ def run_worker(job: Path, subject: str, threads: int, omp_wait_policy: str, load
     try:
         report = json.loads(lines[-1])
     except (IndexError, json.JSONDecodeError):
-        report = {"not_run": f"failed: the worker exited with status {done.returncode} and no report",
-                  "failed": True}
+        report = {"not_run": f"failed: the worker exited with status {done.returncode} and no report"}
     return {**report, "load_average": [round(before, 2), round(after, 2)]}
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import resource
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -14,11 +15,14 @@ import transformers
 from transformers import AutoModelForCausalLM  # resolved here, so load time is loading, not importing
 
 from linnet.bench.protocol import Generation, Job, Subject
+from linnet.errors import BackendUnavailable
 from linnet.weights import TORCH_DTYPES
 
 
 class TransformersSubject(Subject):
     def __init__(self, compiled: bool, job: Job):
+        if not Path(job.model).is_dir():
+            raise BackendUnavailable(f"transformers loads Hugging Face directories; {job.model} is not one")
         transformers.utils.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
         self.job = job

@@ -99,7 +99,7 @@ def test_transformers_missing_is_not_run(tmp_path: Path, monkeypatch, capsys):
     monkeypatch.delitem(sys.modules, "linnet.bench.peers", raising=False)
     worker.main([str(tmp_path / "job.json"), "transformers"])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert report["not_run"].startswith("transformers is not installed") and "failed" not in report
+    assert report["not_run"].startswith("transformers is not installed")
 
 
 def test_transformers_decodes_every_token_even_past_eos(checkpoint_dir, tmp_path: Path):
@@ -122,3 +122,11 @@ def test_protocol_basics():
     assert cache_positions(512, 128) == 640 and cache_positions(16, 8) == 128 and cache_positions(600, 100) == 768
     prompt = random_prompt(331, 64)
     assert prompt == random_prompt(331, 64) and all(0 <= t < 331 for t in prompt) and len(set(prompt)) > 32
+
+
+def test_a_crash_is_a_failed_row_not_an_estimate(tmp_path: Path, capsys):
+    job = Job(str(tmp_path / "no-such-model"), "f32", PROTOCOL, [1, 2, 3], str(tmp_path))
+    job.save(tmp_path / "job.json")
+    worker.main([str(tmp_path / "job.json"), "torch:eager"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["not_run"].startswith("failed: ") and "ttft_s" not in report
