@@ -73,7 +73,8 @@ def tokenizer_from_gguf(meta: dict[str, Any]) -> Tokenizer:
     # llama.cpp prepends BOS for llama-bpe unless the file says otherwise; here tokenizer.json does it,
     # so an HF export of this tokenizer behaves the same.
     if meta.get("tokenizer.ggml.add_bos_token", name == "llama-bpe") and bos is not None:
-        hf.post_processor = processors.TemplateProcessing(single=f"{tokens[bos]} $A", special_tokens=[(tokens[bos], bos)])
+        hf.post_processor = processors.TemplateProcessing(
+            single=f"{tokens[bos]} $A", special_tokens=[(tokens[bos], bos)])
     return Tokenizer(
         hf,
         [i for i in (eos, token("eot"), token("eom")) if i is not None],

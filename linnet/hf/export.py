@@ -38,7 +38,8 @@ def export_hf(model: LoadedModel, out_dir: str | Path, dtype: str, shard_bytes: 
     config = hf_config(spec, dtype, eos_ids)  # before any file is touched: it may refuse the model
     with _staged_dir(Path(out_dir)) as tmp:
         _write_json(tmp / "config.json", config)
-        _write_json(tmp / "generation_config.json", {"bos_token_id": spec.bos_token_id, "eos_token_id": _one_or_list(eos_ids)})
+        generation = {"bos_token_id": spec.bos_token_id, "eos_token_id": _one_or_list(eos_ids)}
+        _write_json(tmp / "generation_config.json", generation)
         _write_safetensors(tmp, model, TORCH_DTYPES[dtype], shard_bytes)
         if tokenizer is not None:
             (tmp / "tokenizer.json").write_text(tokenizer.hf.to_str())

