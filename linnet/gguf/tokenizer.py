@@ -51,7 +51,9 @@ def tokenizer_from_gguf(meta: dict[str, Any]) -> Tokenizer:
     if name not in PRE_TOKENIZERS:
         known = sorted([*PRE_TOKENIZERS, *_ALIASES])
         raise UnsupportedModel(f"GGUF pre-tokenizer {pre!r} is not supported; supported: {', '.join(known)}")
-    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
+    if not tokens:
+        raise UnsupportedModel("the GGUF names a tokenizer but lists no tokenizer.ggml.tokens")
     types = meta.get("tokenizer.ggml.token_type") or [TokenType.NORMAL] * len(tokens)
     vocab = {token: i for i, token in enumerate(tokens)}  # a repeated string maps to its last id, as in llama.cpp
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
