@@ -4,10 +4,9 @@ from __future__ import annotations
 import argparse
 
 from linnet.backends import BACKENDS, CacheShape, Runner, create_runner
+from linnet.default_model import DEFAULT_MODEL
 from linnet.model import LoadedModel, open_model
 from linnet.spec import DTYPES
-
-DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:

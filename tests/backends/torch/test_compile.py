@@ -1,0 +1,30 @@
+"""torch:inductor compiles once: no recompiles per decode step, per prompt length or per request."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from linnet.backends import CacheShape, create_runner
+from linnet.errors import BackendUnavailable
+from linnet.model import open_model
+
+
+def test_no_recompiles_after_the_first_calls(checkpoint_dir):
+    runner = create_runner("torch:inductor", open_model(str(checkpoint_dir("qwen2-tied"))).weights,
+                           CacheShape(rows=2, positions=64))
+    runner.prefill(0, list(range(3, 10)))
+    runner.decode([5, 0], active=[True, False])
+    compiled = sum(counters["stats"].values()), dict(counters["frames"])
+    for length in (12, 30, 4):  # new prompt lengths and rows: the dynamic prefill graph serves them all
+        runner.prefill(length % 2, list(range(3, 3 + length)))
+        for _ in range(3):
+            runner.decode([7, 8])
+    assert (sum(counters["stats"].values()), dict(counters["frames"])) == compiled
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_cudagraphs_without_cuda_is_reported_unavailable(checkpoint_dir):
+    weights = open_model(str(checkpoint_dir("qwen2-tied"))).weights
+    with pytest.raises(BackendUnavailable, match="needs a CUDA GPU"):
+        create_runner("torch:cudagraphs", weights, CacheShape(1, 32))
