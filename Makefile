@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: setup test-setup demo test
+.PHONY: setup test-setup demo test test-slow
 
 setup: $(VENV)/.linnet
 $(VENV)/.linnet: pyproject.toml
@@ -25,4 +25,7 @@ demo: setup
 	$(VENV)/bin/linnet run --chat "What is the capital of France? Answer in one sentence."
 
 test: test-setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: test-setup                  # the longer suites (16-bit inductor conformance); CI runs them too
+	$(PY) -m pytest -q -m slow

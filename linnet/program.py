@@ -15,13 +15,14 @@ Op kinds:
   attention(q, k, v)            writes k, v into this layer's cache, attends causally over it
   swiglu(gate, up)              silu(gate) * up
   add(a, b)                     residual add
+  split(x; sizes)               one value into several along the last axis (``out`` names them, "a, b")
 
 The head reads ``w.lm_head``; for a tied model each backend binds it to the embedding table (as a view
 or a converted copy, whichever its layout wants).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from linnet.spec import ModelSpec
@@ -41,6 +42,8 @@ class Program:
     embed: tuple[Op, ...]
     layer: tuple[Op, ...]
     head: tuple[Op, ...]
+    # Weights a backend must build by concatenating others along the output axis: (name, parts).
+    fused: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 def build_program(spec: ModelSpec) -> Program:
@@ -82,3 +85,38 @@ def build_program(spec: ModelSpec) -> Program:
         layer=tuple(layer),
         head=(Op("rms_norm", "x", ("x", "w.norm"), eps), Op("linear", "logits", ("x", "w.lm_head"))),
     )
+
+
+# Projections that read the same input, fused into one wider matrix: one pass over the input, fewer and
+# larger matrix products (on CPUs the matrix-vector products of decode are bandwidth-bound, and larger
+# ones get closer to the bandwidth).
+_FUSIONS = {("q", "k", "v"): "qkv", ("gate", "up"): "gate_up"}
+
+
+def fuse_projections(program: Program) -> Program:
+    """Replace q/k/v and gate/up linears by one linear each, followed by a split."""
+    spec = program.spec
+    sizes = {"q": spec.q_size, "k": spec.kv_size, "v": spec.kv_size,
+             "gate": spec.intermediate_size, "up": spec.intermediate_size}
+    ops, fused, i = list(program.layer), [], 0
+    while i < len(ops):
+        for parts, name in _FUSIONS.items():
+            run = ops[i:i + len(parts)]
+            if [op.kind for op in run] == ["linear"] * len(parts) and \
+                    [op.inputs[1] for op in run] == [f"w.{p}" for p in parts] and \
+                    len({op.inputs[0] for op in run}) == 1:
+                biased = [len(op.inputs) == 3 for op in run]
+                if any(biased) and not all(biased):
+                    break  # a partly biased run would need zero biases invented: leave it unfused
+                inputs = (run[0].inputs[0], f"w.{name}")
+                fused.append((name, parts))
+                if all(biased):
+                    inputs += (f"w.{name}_bias",)
+                    fused.append((f"{name}_bias", tuple(f"{p}_bias" for p in parts)))
+                ops[i:i + len(parts)] = [
+                    Op("linear", name, inputs),
+                    Op("split", ", ".join(op.out for op in run), (name,), {"sizes": tuple(sizes[p] for p in parts)}),
+                ]
+                break
+        i += 1
+    return replace(program, layer=tuple(ops), fused=tuple(fused))

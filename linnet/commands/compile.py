@@ -7,11 +7,10 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from linnet.backends.torch.codegen import generate_source
-from linnet.backends.torch.runner import prepare_weights
+from linnet.backends.torch.runner import prepare_weights, torch_program
 from linnet.commands._common import add_model_argument
 from linnet.errors import LinnetError
 from linnet.model import open_model
-from linnet.program import build_program
 from linnet.spec import DTYPES
 
 LOADER = '''\
@@ -64,8 +63,9 @@ def handle(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise LinnetError(f"cannot create {out}: {e.strerror}") from None
-    (out / "model.py").write_text(generate_source(build_program(model.spec)))
-    save_file(prepare_weights(model.weights, args.dtype), out / "weights.safetensors")
+    program = torch_program(model.spec)
+    (out / "model.py").write_text(generate_source(program))
+    save_file(prepare_weights(model.weights, program, args.dtype), out / "weights.safetensors")
     (out / "run.py").write_text(LOADER.format(positions=256, new=8))
     print(f"wrote {out}/model.py, {out}/weights.safetensors ({args.dtype}) and {out}/run.py")
     return 0

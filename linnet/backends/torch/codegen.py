@@ -13,7 +13,8 @@ _PREAMBLE = '''\
 
 {dims}
 
-Linear weights are stored transposed, [in, out]: `x @ w` is the faster matrix-vector product on CPUs.
+Linear weights are stored transposed, [in, out]: `x @ w` is the faster matrix-vector product on CPUs;
+q/k/v and gate/up are each one matrix (`qkv`, `gate_up`), read in one pass and split after.
 The KV cache is fixed: [layers][rows, kv_heads, positions, head_dim]. A call writes its keys and values
 at `positions` of `rows` first, then attends causally over the whole row (positions a row has not
 written are masked out), so prefill and decode are one function and every decode step has one shape.
@@ -135,6 +136,8 @@ def emit_op(op: Op) -> str:
         return f"{op.out} = rotary({args}, cos, sin)"
     if op.kind == "attention":
         return f"{op.out} = attention({args}, cache_k, cache_v, rows, positions, mask)"
+    if op.kind == "split":
+        return f"{op.out} = {args}.split({op.attrs['sizes']}, dim=-1)"
     if op.kind == "add":
         return f"{op.out} = {op.inputs[0]} + {op.inputs[1]}"
     if op.kind in ("linear", "swiglu", "embedding"):

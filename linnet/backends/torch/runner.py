@@ -17,26 +17,35 @@ import torch
 from linnet.backends.runner import CacheShape, Runner
 from linnet.backends.torch.codegen import generate_source
 from linnet.errors import BackendUnavailable, LinnetError
-from linnet.program import build_program
+from linnet.program import Program, build_program, fuse_projections
+from linnet.spec import ModelSpec
 from linnet.weight_cache import cache_root, cached_tensors
 from linnet.weights import TORCH_DTYPES, Weights
 
 MODES = ("eager", "inductor", "cudagraphs")
-_TRANSPOSED = ("q", "k", "v", "o", "gate", "up", "down")
-_LAYOUT_VERSION = 1  # bump when prepare_weights changes, so cached conversions are not reused
+_TRANSPOSED = ("qkv", "o", "gate_up", "down", "lm_head")
+_LAYOUT_VERSION = 2  # bump when prepare_weights changes, so cached conversions are not reused
 
 
-def prepare_weights(weights: Weights, dtype: str) -> dict[str, torch.Tensor]:
-    """The generated model's layout: run dtype, linear weights [in, out], the head always present."""
+def torch_program(spec: ModelSpec) -> Program:
+    return fuse_projections(build_program(spec))
+
+
+def prepare_weights(weights: Weights, program: Program, dtype: str) -> dict[str, torch.Tensor]:
+    """The generated model's layout: run dtype, fused projections, linear weights [in, out], a head."""
     target = TORCH_DTYPES[dtype]
+    tensors = dict(weights)
+    if weights.spec.tie_word_embeddings:
+        tensors["lm_head"] = tensors["embed"]
+    for i in range(weights.spec.num_layers):
+        for name, parts in program.fused:
+            tensors[f"layers.{i}.{name}"] = torch.cat([tensors.pop(f"layers.{i}.{p}") for p in parts])
     out = {}
-    for name, tensor in weights.items():
+    for name, tensor in tensors.items():
         tensor = tensor.to(target)
-        if name.rsplit(".", 1)[-1] in _TRANSPOSED or name == "lm_head":
+        if name.rsplit(".", 1)[-1] in _TRANSPOSED:
             tensor = tensor.t()
         out[name] = tensor.contiguous()
-    if weights.spec.tie_word_embeddings:
-        out["lm_head"] = out["embed"].t().contiguous()
     return out
 
 
@@ -81,10 +90,11 @@ class TorchRunner(Runner):
         self.name = f"torch:{mode}"
         self.mode, self.dtype = mode, dtype
         self.device = torch.device(device or default_device(mode))
-        self.source = generate_source(build_program(weights.spec))
+        program = torch_program(weights.spec)
+        self.source = generate_source(program)
         module = load_generated_module(self.source)
         conversion = f"torch-{dtype}-layout{_LAYOUT_VERSION}"
-        tensors = cached_tensors(weights.source, conversion, lambda: prepare_weights(weights, dtype))
+        tensors = cached_tensors(weights.source, conversion, lambda: prepare_weights(weights, program, dtype))
         tensors = {name: t.to(self.device) for name, t in tensors.items()}
         self.model = module.Model(tensors, cache.rows, cache.positions, TORCH_DTYPES[dtype])
         self.all_rows = torch.arange(cache.rows, device=self.device)

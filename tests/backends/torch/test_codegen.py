@@ -15,9 +15,9 @@ import pytest
 
 from linnet.backends import CacheShape, create_runner
 from linnet.backends.torch.codegen import generate_source
+from linnet.backends.torch.runner import torch_program
 from linnet.cli import main as linnet_main
 from linnet.model import open_model
-from linnet.program import build_program
 from linnet.spec import spec_from_hf_config
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -41,7 +41,7 @@ SPECS = {
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_generated_source_matches_golden(name):
-    source = generate_source(build_program(spec_from_hf_config(SPECS[name])))
+    source = generate_source(torch_program(spec_from_hf_config(SPECS[name])))
     golden = GOLDEN / f"{name}.py"
     if os.environ.get("LINNET_UPDATE_GOLDEN"):
         golden.write_text(source)

@@ -3,7 +3,8 @@
 hidden 64, intermediate 128, 2 layers, 4 heads (1 for keys and values) of 16,
 vocabulary 300, output head apart from the embedding, rope theta 500000 (llama3).
 
-Linear weights are stored transposed, [in, out]: `x @ w` is the faster matrix-vector product on CPUs.
+Linear weights are stored transposed, [in, out]: `x @ w` is the faster matrix-vector product on CPUs;
+q/k/v and gate/up are each one matrix (`qkv`, `gate_up`), read in one pass and split after.
 The KV cache is fixed: [layers][rows, kv_heads, positions, head_dim]. A call writes its keys and values
 at `positions` of `rows` first, then attends causally over the whole row (positions a row has not
 written are masked out), so prefill and decode are one function and every decode step has one shape.
@@ -69,9 +70,8 @@ def embedding(tokens: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 def layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask):
     h = rms_norm(x, w.attn_norm, 1e-05)
-    q = linear(h, w.q, w.q_bias)
-    k = linear(h, w.k, w.k_bias)
-    v = linear(h, w.v, w.v_bias)
+    qkv = linear(h, w.qkv, w.qkv_bias)
+    q, k, v = qkv.split((64, 16, 16), dim=-1)
     q = split_heads(q, 4)
     k = split_heads(k, 1)
     v = split_heads(v, 1)
@@ -81,8 +81,8 @@ def layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask):
     a = linear(a, w.o, w.o_bias)
     x = x + a
     h = rms_norm(x, w.mlp_norm, 1e-05)
-    g = linear(h, w.gate)
-    u = linear(h, w.up)
+    gate_up = linear(h, w.gate_up)
+    g, u = gate_up.split((128, 128), dim=-1)
     h = swiglu(g, u)
     h = linear(h, w.down)
     x = x + h

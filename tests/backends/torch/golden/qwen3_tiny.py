@@ -3,7 +3,8 @@
 hidden 48, intermediate 104, 2 layers, 6 heads (2 for keys and values) of 32,
 vocabulary 331, output head apart from the embedding, rope theta 1e+06 (default).
 
-Linear weights are stored transposed, [in, out]: `x @ w` is the faster matrix-vector product on CPUs.
+Linear weights are stored transposed, [in, out]: `x @ w` is the faster matrix-vector product on CPUs;
+q/k/v and gate/up are each one matrix (`qkv`, `gate_up`), read in one pass and split after.
 The KV cache is fixed: [layers][rows, kv_heads, positions, head_dim]. A call writes its keys and values
 at `positions` of `rows` first, then attends causally over the whole row (positions a row has not
 written are masked out), so prefill and decode are one function and every decode step has one shape.
@@ -62,9 +63,8 @@ def embedding(tokens: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 def layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask):
     h = rms_norm(x, w.attn_norm, 1e-06)
-    q = linear(h, w.q)
-    k = linear(h, w.k)
-    v = linear(h, w.v)
+    qkv = linear(h, w.qkv)
+    q, k, v = qkv.split((192, 64, 64), dim=-1)
     q = split_heads(q, 6)
     k = split_heads(k, 2)
     v = split_heads(v, 2)
@@ -76,8 +76,8 @@ def layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask):
     a = linear(a, w.o)
     x = x + a
     h = rms_norm(x, w.mlp_norm, 1e-06)
-    g = linear(h, w.gate)
-    u = linear(h, w.up)
+    gate_up = linear(h, w.gate_up)
+    g, u = gate_up.split((104, 104), dim=-1)
     h = swiglu(g, u)
     h = linear(h, w.down)
     x = x + h
