@@ -13,6 +13,8 @@ from linnet.model import open_model
 class LinnetSubject(Subject):
     def __init__(self, backend: str, job: Job):
         self.backend, self.job = backend, job
+        if backend != "torch:eager":
+            import torch._inductor.config  # noqa: F401  a library import (seconds): untimed, as transformers' is
 
     def load(self) -> None:
         job = self.job

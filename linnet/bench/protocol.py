@@ -1,8 +1,8 @@
 """What every worker runs: one request of a fixed random prompt, then exactly ``new_tokens`` greedy tokens.
 
 The first generation of each worker records its logits at the prompt's last position and at the first
-``CHECK_STEPS`` decode steps, for the distance from the reference; it also pays any compilation, so it
-doubles as the first warm-up.
+``CHECK_STEPS`` decode steps, for the distance from the reference. It also pays any compilation,
+which is what warm-ups are for.
 """
 from __future__ import annotations
 
