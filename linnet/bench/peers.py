@@ -5,6 +5,7 @@ reference logits come from a logits processor that sees the raw scores and chang
 """
 from __future__ import annotations
 
+import importlib
 import resource
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ class TransformersSubject(Subject):
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.options: dict = {}
         if compiled:
-            import torch._inductor.config  # noqa: F401  imported untimed, as for Linnet's compiled modes
+            importlib.import_module("torch._inductor.config")  # untimed, as for Linnet's compiled modes
             # generate compiles the decode step once the cache is static; on CPU only when told to.
             config = transformers.CompileConfig()
             config._compile_all_devices = self.device.type == "cpu"

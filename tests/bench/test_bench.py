@@ -130,3 +130,14 @@ def test_a_crash_is_a_failed_row_not_an_estimate(tmp_path: Path, capsys):
     worker.main([str(tmp_path / "job.json"), "torch:eager"])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["not_run"].startswith("failed: ") and "ttft_s" not in report
+
+
+def test_compiled_subjects_are_set_up_before_the_load_clock(checkpoint_dir, tmp_path: Path):
+    from linnet.bench.backends import LinnetSubject
+    from linnet.bench.peers import TransformersSubject
+
+    job = Job(str(checkpoint_dir("qwen2-tied")), "f32", PROTOCOL, [1, 2, 3], str(tmp_path))
+    assert TransformersSubject(True, job).options["cache_implementation"] == "static"
+    assert TransformersSubject(False, job).options == {}
+    LinnetSubject("torch:inductor", job)
+    assert "torch._inductor.config" in sys.modules
