@@ -1,0 +1,61 @@
+"""The ``linnet`` command end to end: run, info, and one-line errors instead of stack traces."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from linnet.cli import main
+
+
+def test_run_json_on_a_tiny_model(checkpoint_dir, capsys):
+    assert main(["run", str(checkpoint_dir("qwen3-gqa3")), "--prompt", "The quick", "--max-new-tokens", "6",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompt_ids"][0] == 1 and len(out["token_ids"]) <= 6
+    assert out["ttft_ms"] > 0 and out["load_s"] > 0 and out["threads"] >= 1 and "load_average" in out
+
+
+def test_run_streams_text_then_a_summary(checkpoint_dir, capsys):
+    assert main(["run", str(checkpoint_dir("qwen3-gqa3")), "--chat", "Hello", "--max-new-tokens", "4",
+                 "--temperature", "0.8", "--seed", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "tok/s" in captured.err and "load" in captured.err and "threads" in captured.err
+
+
+def test_info_json(checkpoint_dir, capsys):
+    assert main(["info", str(checkpoint_dir("llama-gqa3")), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["architecture"] == "LlamaForCausalLM" and info["head_dim"] == 16 and info["num_kv_heads"] == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "/no/such/model", "--prompt", "x"], "no such model file or directory"),
+        (["run", "{model}", "--prompt", "x" * 200, "--cache-positions", "64"], "cache"),
+        (["run", "{model}", "--prompt", "x", "--top-p", "0"], "top_p must be in"),
+    ],
+)
+def test_errors_are_one_line(checkpoint_dir, args, message):
+    model = str(checkpoint_dir("qwen3-gqa3"))
+    argv = [a.replace("{model}", model) for a in args]
+    result = subprocess.run([sys.executable, "-m", "linnet", *argv], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.startswith("linnet: error: ") and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unsupported_architecture_is_named(checkpoint_dir, tmp_path):
+    import shutil
+
+    model = tmp_path / "m"
+    shutil.copytree(checkpoint_dir("qwen3-gqa3"), model)
+    config = json.loads((model / "config.json").read_text())
+    config["architectures"] = ["MixtralForCausalLM"]
+    (model / "config.json").write_text(json.dumps(config))
+    result = subprocess.run([sys.executable, "-m", "linnet", "info", str(model)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 2 and "architecture 'MixtralForCausalLM' is not supported" in result.stderr
