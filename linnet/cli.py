@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+# Before torch loads OpenMP: waiting threads sleep instead of spinning. On 2 busy cores spinning made
+# decoding 2-4x slower; on a quiet machine the policies measured within noise (docs/BENCH.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from linnet.errors import LinnetError
 
