@@ -17,8 +17,7 @@ Op kinds:
   add(a, b)                     residual add
   split(x; sizes)               one value into several along the last axis (``out`` names them, "a, b")
 
-The head reads ``w.lm_head``; for a tied model each backend binds it to the embedding table (as a view
-or a converted copy, whichever its layout wants).
+The head reads ``w.lm_head``; for a tied model each backend binds it to the embedding table.
 """
 from __future__ import annotations
 

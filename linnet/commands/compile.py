@@ -30,7 +30,7 @@ HERE = Path(__file__).parent
 
 
 def load(rows: int = 1, positions: int = {positions}) -> Model:
-    weights = load_file(HERE / "weights.safetensors")  # linear weights already [in, out]
+    weights = load_file(HERE / "weights.safetensors")
     return Model(weights, rows, positions, weights["embed"].dtype)
 
 

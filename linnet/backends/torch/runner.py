@@ -23,8 +23,7 @@ from linnet.weight_cache import cache_root, cached_tensors
 from linnet.weights import TORCH_DTYPES, Weights
 
 MODES = ("eager", "inductor", "cudagraphs")
-_TRANSPOSED = ("qkv", "o", "gate_up", "down", "lm_head")
-_LAYOUT_VERSION = 2  # bump when prepare_weights changes, so cached conversions are not reused
+_LAYOUT_VERSION = 3  # bump when prepare_weights changes, so cached conversions are not reused
 
 
 def torch_program(spec: ModelSpec) -> Program:
@@ -32,21 +31,13 @@ def torch_program(spec: ModelSpec) -> Program:
 
 
 def prepare_weights(weights: Weights, program: Program, dtype: str) -> dict[str, torch.Tensor]:
-    """The generated model's layout: run dtype, fused projections, linear weights [in, out], a head."""
+    """The generated model's layout: run dtype, fused projections (a tied head is bound by the model)."""
     target = TORCH_DTYPES[dtype]
     tensors = dict(weights)
-    if weights.spec.tie_word_embeddings:
-        tensors["lm_head"] = tensors["embed"]
     for i in range(weights.spec.num_layers):
         for name, parts in program.fused:
             tensors[f"layers.{i}.{name}"] = torch.cat([tensors.pop(f"layers.{i}.{p}") for p in parts])
-    out = {}
-    for name, tensor in tensors.items():
-        tensor = tensor.to(target)
-        if name.rsplit(".", 1)[-1] in _TRANSPOSED:
-            tensor = tensor.t()
-        out[name] = tensor.contiguous()
-    return out
+    return {name: tensor.to(target).contiguous() for name, tensor in tensors.items()}
 
 
 def load_generated_module(source: str) -> ModuleType:
@@ -108,18 +99,17 @@ class TorchRunner(Runner):
         return self.model(tokens, positions, rows, last_only)
 
     def _compile(self) -> None:
-        import torch._inductor.config as inductor_config
-
-        inductor_config.freezing = True  # weights become constants: inductor may fold and re-lay them out
-
+        # No freezing: the decode products need no re-laid weights, the weights are not copied, and
+        # inductor's on-disk graph cache (which freezing bypasses) makes later processes compile fast.
         def prefill(tokens, positions, rows, last_only):
             return self.model(tokens, positions, rows, last_only)
 
         def decode(tokens, positions, rows, last_only):
             return self.model(tokens, positions, rows, last_only)
 
-        # Two functions, two dynamo caches: prefill's length is dynamic, decode's shape never changes.
-        self._prefill_fn = torch.compile(prefill, dynamic=True)
+        # Two functions, two dynamo caches: prefill's length is dynamic (marked on each call, so that
+        # nothing else is), decode's shape never changes.
+        self._prefill_fn = torch.compile(prefill)
         self._decode_fn = torch.compile(decode, dynamic=False, fullgraph=True)
 
     @torch.inference_mode()
@@ -127,7 +117,12 @@ class TorchRunner(Runner):
         t = torch.tensor([tokens], device=self.device)
         positions = torch.arange(start, start + len(tokens), device=self.device)[None]
         rows = torch.tensor([row], device=self.device)
-        logits = self._prefill_fn(t, positions, rows, not all_logits)
+        if len(tokens) == 1:  # a length of 1 would be specialised: one token runs eagerly instead
+            logits = self._step(t, positions, rows, not all_logits)
+        else:
+            torch._dynamo.mark_dynamic(t, 1)
+            torch._dynamo.mark_dynamic(positions, 1)
+            logits = self._prefill_fn(t, positions, rows, not all_logits)
         return logits[0].cpu().numpy() if all_logits else logits[0, -1].cpu().numpy()
 
     @torch.inference_mode()
