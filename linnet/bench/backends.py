@@ -15,7 +15,8 @@ class LinnetSubject(Subject):
     def __init__(self, backend: str, job: Job):
         self.backend, self.job = backend, job
         if backend != "torch:eager":
-            importlib.import_module("torch._inductor.config")  # a library import (seconds): untimed, as all are
+            for library in ("torch._dynamo", "torch._inductor.compile_fx"):  # imports (seconds): untimed, as all are
+                importlib.import_module(library)
 
     def load(self) -> None:
         job = self.job
