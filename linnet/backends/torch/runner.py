@@ -110,7 +110,10 @@ class TorchRunner(Runner):
         # Two functions, two dynamo caches: prefill's length is dynamic (marked on each call, so that
         # nothing else is), decode's shape never changes.
         self._prefill_fn = torch.compile(prefill)
-        self._decode_fn = torch.compile(decode, dynamic=False, fullgraph=True)
+        # realize_reads_threshold=1: a value that several loops read (a norm's output, the residual
+        # stream) is written once instead of recomputed inside each product's inner loop; 6% per step.
+        self._decode_fn = torch.compile(decode, dynamic=False, fullgraph=True,
+                                        options={"realize_reads_threshold": 1})
 
     @torch.inference_mode()
     def _prefill(self, row: int, tokens: list[int], start: int, all_logits: bool) -> np.ndarray:
