@@ -120,7 +120,7 @@ class TorchRunner(Runner):
         t = torch.tensor([tokens], device=self.device)
         positions = torch.arange(start, start + len(tokens), device=self.device)[None]
         rows = torch.tensor([row], device=self.device)
-        if len(tokens) == 1:  # a length of 1 would be specialised: one token runs eagerly instead
+        if self.mode == "eager" or len(tokens) == 1:  # dynamo would specialise a length of 1: eager
             logits = self._step(t, positions, rows, not all_logits)
         else:
             torch._dynamo.mark_dynamic(t, 1)
