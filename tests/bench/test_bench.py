@@ -133,11 +133,24 @@ def test_a_crash_is_a_failed_row_not_an_estimate(tmp_path: Path, capsys):
 
 
 def test_compiled_subjects_are_set_up_before_the_load_clock(checkpoint_dir, tmp_path: Path):
-    from linnet.bench.backends import LinnetSubject
-    from linnet.bench.peers import TransformersSubject
+    """In a fresh interpreter, so that no earlier test has imported the compiler already."""
+    import subprocess
 
     job = Job(str(checkpoint_dir("qwen2-tied")), "f32", PROTOCOL, [1, 2, 3], str(tmp_path))
-    assert TransformersSubject(True, job).options["cache_implementation"] == "static"
-    assert TransformersSubject(False, job).options == {}
-    LinnetSubject("torch:inductor", job)
-    assert "torch._inductor.config" in sys.modules
+    job_path = tmp_path / "job.json"
+    job.save(job_path)
+    script = f"""
+import sys
+from pathlib import Path
+from linnet.bench.protocol import Job
+from linnet.bench.backends import LinnetSubject
+from linnet.bench.peers import TransformersSubject
+job = Job.load(Path({str(job_path)!r}))
+assert "torch._inductor.compile_fx" not in sys.modules
+LinnetSubject("torch:inductor", job)
+assert "torch._dynamo" in sys.modules and "torch._inductor.compile_fx" in sys.modules
+assert TransformersSubject(True, job).options["cache_implementation"] == "static"
+assert TransformersSubject(False, job).options == {{}}
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
