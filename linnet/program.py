@@ -16,6 +16,7 @@ Op kinds:
   swiglu(gate, up)              silu(gate) * up
   add(a, b)                     residual add
   split(x; sizes)               one value into several along the last axis (``out`` names them, "a, b")
+  norm_linear(x, n, w[, b]; eps)  rms_norm(x, n) read only by linear(., w[, b]): one op (fuse_norm_linears)
 
 The head reads ``w.lm_head``; for a tied model each backend binds it to the embedding table.
 """
@@ -119,3 +120,35 @@ def fuse_projections(program: Program) -> Program:
                 break
         i += 1
     return replace(program, layer=tuple(ops), fused=tuple(fused))
+
+
+def fuse_norm_linears(program: Program) -> Program:
+    """Each RMS norm whose output only the next op reads, a linear, becomes one `norm_linear`.
+
+    Run after fuse_projections, which leaves one linear after each norm. A backend can then apply the
+    norm's per-token scale after the product instead of to every input of it.
+    """
+    def fuse(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+        out, i = [], 0
+        while i < len(ops):
+            norm, nxt = ops[i], ops[i + 1] if i + 1 < len(ops) else None
+            if norm.kind == "rms_norm" and nxt is not None and nxt.kind == "linear" \
+                    and nxt.inputs[0] == norm.out and not _read_later(ops[i + 2:], norm.out):
+                out.append(Op("norm_linear", nxt.out, (*norm.inputs, *nxt.inputs[1:]), norm.attrs))
+                i += 2
+            else:
+                out.append(norm)
+                i += 1
+        return tuple(out)
+
+    return replace(program, layer=fuse(program.layer), head=fuse(program.head))
+
+
+def _read_later(ops: tuple[Op, ...], name: str) -> bool:
+    """Whether a later op reads `name` before something assigns it again."""
+    for op in ops:
+        if name in op.inputs:
+            return True
+        if name in op.out.split(", "):
+            return False
+    return False

@@ -15,7 +15,8 @@ _PREAMBLE = '''\
 
 Linear weights keep the checkpoint's [out, in] layout; q/k/v and gate/up are each one matrix (`qkv`,
 `gate_up`), read in one pass and split after. A compiled one-token step computes each product as a
-multiply-and-sum, which inductor turns into one loop streaming the weights at memory speed.
+multiply-and-sum, which inductor turns into one loop streaming the weights at memory speed, and applies
+an RMS norm's scale after the product that follows it (`norm_linear`).
 The KV cache is fixed: [layers][rows, kv_heads, positions, head_dim]. A call writes its keys and values
 at `positions` of `rows` first, then attends causally over the whole row (positions a row has not
 written are masked out), so prefill and decode are one function and every decode step has one shape.
@@ -43,13 +44,31 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """x [R, T, in] times w [out, in]."""
-    if torch.compiler.is_compiling() and x.shape[1] == 1:
-        # Decode reads every weight once per token: a BLAS matrix-vector product reaches about half the
-        # memory bandwidth on CPUs, inductor's loop over [out, rows, in] nearly all of it.
-        y = (w[:, None] * x[:, 0]).sum(-1).T[:, None]
-    else:
-        y = x @ w.T
+    y = decode_product(x, w) if torch.compiler.is_compiling() and x.shape[1] == 1 else x @ w.T
     return y if b is None else y + b
+
+
+def norm_linear(x: torch.Tensor, n: torch.Tensor, eps: float, w: torch.Tensor, b: torch.Tensor | None = None):
+    """linear(rms_norm(x, n, eps), w, b). A compiled one-token step scales each row after the product
+    (the same sum), so the loop over the weights does not recompute the norm for every weight it reads."""
+    if not (torch.compiler.is_compiling() and x.shape[1] == 1):
+        return linear(rms_norm(x, n, eps), w, b)
+    scale = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    y = (decode_product(n * x, w).float() * scale).to(x.dtype)
+    return y if b is None else y + b
+
+
+def decode_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [R, 1, in] times w [out, in] as a multiply-and-sum, for torch.compile.
+
+    Decode reads every weight once per token: a BLAS matrix-vector product reaches about half the memory
+    bandwidth on CPUs, inductor's loop over [out, rows, in] nearly all of it. Sums longer than 4096 are
+    split into equal parts, since inductor accumulates longer ones through a slower cascade.
+    """
+    size = w.shape[1]
+    parts = next(p for p in range(-(-size // 4096), size + 1) if size % p == 0)
+    products = w.view(-1, 1, parts, size // parts) * x[:, 0].view(1, -1, parts, size // parts)
+    return products.sum(-1).sum(-1).T[:, None]
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -154,6 +173,9 @@ def emit_op(op: Op) -> str:
     args = ", ".join(op.inputs)
     if op.kind == "rms_norm":
         return f"{op.out} = rms_norm({args}, {op.attrs['eps']!r})"
+    if op.kind == "norm_linear":
+        x, n, *w = op.inputs
+        return f"{op.out} = norm_linear({x}, {n}, {op.attrs['eps']!r}, {', '.join(w)})"
     if op.kind == "split_heads":
         return f"{op.out} = split_heads({args}, {op.attrs['heads']})"
     if op.kind == "rotary":

@@ -9,7 +9,7 @@ import hashlib
 import importlib.util
 import sys
 import time
-from types import ModuleType
+from types import FunctionType, ModuleType
 
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ import torch
 from linnet.backends.runner import CacheShape, Runner
 from linnet.backends.torch.codegen import generate_source
 from linnet.errors import BackendUnavailable, LinnetError
-from linnet.program import Program, build_program, fuse_projections
+from linnet.program import Program, build_program, fuse_norm_linears, fuse_projections
 from linnet.spec import ModelSpec
 from linnet.weight_cache import cache_root, cached_tensors
 from linnet.weights import TORCH_DTYPES, Weights
@@ -27,7 +27,7 @@ _LAYOUT_VERSION = 3  # bump when prepare_weights changes, so cached conversions 
 
 
 def torch_program(spec: ModelSpec) -> Program:
-    return fuse_projections(build_program(spec))
+    return fuse_norm_linears(fuse_projections(build_program(spec)))
 
 
 def prepare_weights(weights: Weights, program: Program, dtype: str) -> dict[str, torch.Tensor]:
@@ -61,6 +61,12 @@ def default_device(mode: str) -> str:
             raise BackendUnavailable("torch:cudagraphs needs a CUDA GPU, and none is available here")
         return "cuda"
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _own_code(fn: FunctionType, tag: int) -> FunctionType:
+    """fn with a code object of its own (the same code, renamed with tag)."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag:x}")
+    return FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
 
 class TorchRunner(Runner):
@@ -108,7 +114,9 @@ class TorchRunner(Runner):
             return self.model(tokens, positions, rows, last_only)
 
         # Two functions, two dynamo caches: prefill's length is dynamic (marked on each call, so that
-        # nothing else is), decode's shape never changes.
+        # nothing else is), decode's shape never changes. Each runner gets its own code objects, since
+        # dynamo caches per code object: other runners' graphs would count towards its recompile limit.
+        prefill, decode = _own_code(prefill, id(self)), _own_code(decode, id(self))
         self._prefill_fn = torch.compile(prefill)
         # realize_reads_threshold=1: a value that several loops read (a norm's output, the residual
         # stream) is written once instead of recomputed inside each product's inner loop; 6% per step.

@@ -23,6 +23,17 @@ def test_no_recompiles_after_the_first_calls(checkpoint_dir):
     assert (sum(counters["stats"].values()), dict(counters["frames"])) == compiled
 
 
+def test_each_runner_compiles_apart(checkpoint_dir):
+    # dynamo limits recompiles per code object: with one shared, a second model's shapes would exceed a limit
+    # of 1 (and in general, a process could hold only 8 compiled models).
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for case in ("qwen2-tied", "llama-gqa3"):
+            weights = open_model(str(checkpoint_dir(case))).weights
+            runner = create_runner("torch:inductor", weights, CacheShape(rows=1, positions=32))
+            runner.prefill(0, list(range(3, 10)))
+            runner.decode([5])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
 def test_cudagraphs_without_cuda_is_reported_unavailable(checkpoint_dir):
     weights = open_model(str(checkpoint_dir("qwen2-tied"))).weights

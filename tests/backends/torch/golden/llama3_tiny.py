@@ -5,7 +5,8 @@ vocabulary 300, output head apart from the embedding, rope theta 500000 (llama3)
 
 Linear weights keep the checkpoint's [out, in] layout; q/k/v and gate/up are each one matrix (`qkv`,
 `gate_up`), read in one pass and split after. A compiled one-token step computes each product as a
-multiply-and-sum, which inductor turns into one loop streaming the weights at memory speed.
+multiply-and-sum, which inductor turns into one loop streaming the weights at memory speed, and applies
+an RMS norm's scale after the product that follows it (`norm_linear`).
 The KV cache is fixed: [layers][rows, kv_heads, positions, head_dim]. A call writes its keys and values
 at `positions` of `rows` first, then attends causally over the whole row (positions a row has not
 written are masked out), so prefill and decode are one function and every decode step has one shape.
@@ -40,13 +41,31 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """x [R, T, in] times w [out, in]."""
-    if torch.compiler.is_compiling() and x.shape[1] == 1:
-        # Decode reads every weight once per token: a BLAS matrix-vector product reaches about half the
-        # memory bandwidth on CPUs, inductor's loop over [out, rows, in] nearly all of it.
-        y = (w[:, None] * x[:, 0]).sum(-1).T[:, None]
-    else:
-        y = x @ w.T
+    y = decode_product(x, w) if torch.compiler.is_compiling() and x.shape[1] == 1 else x @ w.T
     return y if b is None else y + b
+
+
+def norm_linear(x: torch.Tensor, n: torch.Tensor, eps: float, w: torch.Tensor, b: torch.Tensor | None = None):
+    """linear(rms_norm(x, n, eps), w, b). A compiled one-token step scales each row after the product
+    (the same sum), so the loop over the weights does not recompute the norm for every weight it reads."""
+    if not (torch.compiler.is_compiling() and x.shape[1] == 1):
+        return linear(rms_norm(x, n, eps), w, b)
+    scale = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    y = (decode_product(n * x, w).float() * scale).to(x.dtype)
+    return y if b is None else y + b
+
+
+def decode_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [R, 1, in] times w [out, in] as a multiply-and-sum, for torch.compile.
+
+    Decode reads every weight once per token: a BLAS matrix-vector product reaches about half the memory
+    bandwidth on CPUs, inductor's loop over [out, rows, in] nearly all of it. Sums longer than 4096 are
+    split into equal parts, since inductor accumulates longer ones through a slower cascade.
+    """
+    size = w.shape[1]
+    parts = next(p for p in range(-(-size // 4096), size + 1) if size % p == 0)
+    products = w.view(-1, 1, parts, size // parts) * x[:, 0].view(1, -1, parts, size // parts)
+    return products.sum(-1).sum(-1).T[:, None]
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -88,8 +107,7 @@ def embedding(tokens: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 
 def layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask):
-    h = rms_norm(x, w.attn_norm, 1e-05)
-    qkv = linear(h, w.qkv, w.qkv_bias)
+    qkv = norm_linear(x, w.attn_norm, 1e-05, w.qkv, w.qkv_bias)
     q, k, v = qkv.split((64, 16, 16), dim=-1)
     q = split_heads(q, 4)
     k = split_heads(k, 1)
@@ -99,8 +117,7 @@ def layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask):
     a = attention(q, k, v, cache_k, cache_v, rows, positions, mask)
     a = linear(a, w.o, w.o_bias)
     x = x + a
-    h = rms_norm(x, w.mlp_norm, 1e-05)
-    gate_up = linear(h, w.gate_up)
+    gate_up = norm_linear(x, w.mlp_norm, 1e-05, w.gate_up)
     g, u = gate_up.split((128, 128), dim=-1)
     h = swiglu(g, u)
     h = linear(h, w.down)
@@ -142,6 +159,5 @@ class Model(torch.nn.Module):
         w = self
         if last_only:
             x = x[:, -1:]
-        x = rms_norm(x, w.norm, 1e-05)
-        logits = linear(x, w.lm_head)
+        logits = norm_linear(x, w.norm, 1e-05, w.lm_head)
         return logits.float()
