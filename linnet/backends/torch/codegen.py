@@ -48,7 +48,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     return y if b is None else y + b
 
 
-def norm_linear(x: torch.Tensor, n: torch.Tensor, eps: float, w: torch.Tensor, b: torch.Tensor | None = None):
+def norm_linear(
+    x: torch.Tensor, n: torch.Tensor, eps: float, w: torch.Tensor, b: torch.Tensor | None = None
+) -> torch.Tensor:
     """linear(rms_norm(x, n, eps), w, b). A compiled one-token step scales each row after the product
     (the same sum), so the loop over the weights does not recompute the norm for every weight it reads."""
     if not (torch.compiler.is_compiling() and x.shape[1] == 1):
