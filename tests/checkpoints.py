@@ -46,6 +46,13 @@ CASES = [
                                                      tie_word_embeddings=True)),
 ]
 
+CASES_BY_ID = {case.id: case for case in CASES}
+
+
+def hf_config(case: Case) -> dict[str, Any]:
+    """The case's config.json fields (before transformers fills in its defaults)."""
+    return {**BASE, **case.config, "architectures": [case.architecture]}
+
 
 def build_checkpoint(case: Case, directory: Path, dtype: str = "float32", seed: int = 0) -> Path:
     """Save a random-weight model of ``case`` (and a small real tokenizer) under ``directory``."""
@@ -54,7 +61,7 @@ def build_checkpoint(case: Case, directory: Path, dtype: str = "float32", seed: 
 
     config_cls = getattr(transformers, case.architecture.replace("ForCausalLM", "Config"))
     model_cls = getattr(transformers, case.architecture)
-    config = config_cls(**{**BASE, **case.config}, architectures=[case.architecture])
+    config = config_cls(**hf_config(case))
     torch.manual_seed(seed)
     model = model_cls(config).to(getattr(torch, dtype)).eval()
     with torch.no_grad():  # random init is tiny; widen norms and biases so bugs show in the logits

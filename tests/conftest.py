@@ -9,9 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # so tests import checkpoints.py as a plain module
 
-from checkpoints import CASES, build_checkpoint  # noqa: E402
-
-_CASES = {c.id: c for c in CASES}
+from checkpoints import CASES_BY_ID, build_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -29,7 +27,7 @@ def checkpoint_dir(tmp_path_factory: pytest.TempPathFactory):
     def get(case_id: str, dtype: str = "float32") -> Path:
         key = (case_id, dtype)
         if key not in built:
-            built[key] = build_checkpoint(_CASES[case_id], tmp_path_factory.mktemp(f"{case_id}-{dtype}"), dtype)
+            built[key] = build_checkpoint(CASES_BY_ID[case_id], tmp_path_factory.mktemp(f"{case_id}-{dtype}"), dtype)
         return built[key]
 
     return get

@@ -3,17 +3,10 @@ from __future__ import annotations
 
 from linnet.program import Op, build_program, fuse_norm_linears, fuse_projections
 from linnet.spec import spec_from_hf_config
+from checkpoints import CASES_BY_ID, hf_config
 
-QWEN3 = {
-    "architectures": ["Qwen3ForCausalLM"], "hidden_size": 48, "intermediate_size": 104, "num_hidden_layers": 2,
-    "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 331,
-    "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
-}
-QWEN2 = {
-    "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300, "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5, "rope_theta": 1e6,
-}
+QWEN2 = spec_from_hf_config(hf_config(CASES_BY_ID["qwen2-tied"]))  # qkv bias
+QWEN3 = spec_from_hf_config(hf_config(CASES_BY_ID["qwen3-gqa3"]))  # q/k norm
 
 
 def kinds(ops: tuple[Op, ...]) -> list[str]:
@@ -21,25 +14,25 @@ def kinds(ops: tuple[Op, ...]) -> list[str]:
 
 
 def test_norm_before_each_fused_projection_becomes_norm_linear():
-    program = fuse_norm_linears(fuse_projections(build_program(spec_from_hf_config(QWEN2))))
+    program = fuse_norm_linears(fuse_projections(build_program(QWEN2)))
     assert kinds(program.layer) == [
         "norm_linear", "split", "split_heads", "split_heads", "split_heads", "rotary", "rotary",
         "attention", "linear", "add", "norm_linear", "split", "swiglu", "linear", "add",
     ]
     qkv, gate_up = (op for op in program.layer if op.kind == "norm_linear")
     assert qkv.inputs == ("x", "w.attn_norm", "w.qkv", "w.qkv_bias") and qkv.out == "qkv"
-    assert gate_up.inputs == ("x", "w.mlp_norm", "w.gate_up") and gate_up.attrs == {"eps": 1e-5}
-    assert program.head == (Op("norm_linear", "logits", ("x", "w.norm", "w.lm_head"), {"eps": 1e-5}),)
+    assert gate_up.inputs == ("x", "w.mlp_norm", "w.gate_up") and gate_up.attrs == {"eps": 1e-6}
+    assert program.head == (Op("norm_linear", "logits", ("x", "w.norm", "w.lm_head"), {"eps": 1e-6}),)
 
 
 def test_qk_norms_stay_norms():
-    program = fuse_norm_linears(fuse_projections(build_program(spec_from_hf_config(QWEN3))))
+    program = fuse_norm_linears(fuse_projections(build_program(QWEN3)))
     norms = [op for op in program.layer if op.kind == "rms_norm"]
     assert [op.inputs[1] for op in norms] == ["w.q_norm", "w.k_norm"]
 
 
 def test_norm_read_by_several_linears_is_left_alone():
     # Without projection fusion, the norm's output feeds q, k and v: scaling after one product would be wrong.
-    program = build_program(spec_from_hf_config(QWEN2))
+    program = build_program(QWEN2)
     assert fuse_norm_linears(program).layer[:4] == program.layer[:4]
     assert kinds(fuse_norm_linears(program).layer).count("norm_linear") == 0
