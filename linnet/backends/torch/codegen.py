@@ -42,9 +42,14 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * h.to(x.dtype)
 
 
+def compiled_decode(x: torch.Tensor) -> bool:
+    """Whether x [R, T, ...] is a one-token step traced by torch.compile (the path written for inductor)."""
+    return torch.compiler.is_compiling() and x.shape[1] == 1
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """x [R, T, in] times w [out, in]."""
-    y = decode_product(x, w) if torch.compiler.is_compiling() and x.shape[1] == 1 else x @ w.T
+    y = decode_product(x, w) if compiled_decode(x) else x @ w.T
     return y if b is None else y + b
 
 
@@ -53,7 +58,7 @@ def norm_linear(
 ) -> torch.Tensor:
     """linear(rms_norm(x, n, eps), w, b). A compiled one-token step scales each row after the product
     (the same sum), so the loop over the weights does not recompute the norm for every weight it reads."""
-    if not (torch.compiler.is_compiling() and x.shape[1] == 1):
+    if not compiled_decode(x):
         return linear(rms_norm(x, n, eps), w, b)
     scale = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
     y = (decode_product(n * x, w).float() * scale).to(x.dtype)
@@ -86,7 +91,7 @@ def attention(q, k, v, cache_k, cache_v, rows, positions, mask) -> torch.Tensor:
     """q [R, T, HEADS, D]; k, v [R, T, KV_HEADS, D] are written into the cache at (rows, positions)."""
     cache_k[rows[:, None], :, positions] = k
     cache_v[rows[:, None], :, positions] = v
-    if torch.compiler.is_compiling() and q.shape[1] == 1:
+    if compiled_decode(q):
         return decode_attention(q, cache_k[rows], cache_v[rows], mask)
     keys, values = cache_k[rows], cache_v[rows]
     out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True)
