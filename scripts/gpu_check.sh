@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU checks, as one script for a lent CUDA machine (see docs/GPU.md): the conformance suite and the
+# bench tests on CUDA (CUDA graphs included), then `linnet bench` on a Qwen2.5-0.5B-shaped checkpoint.
+# Runs with that machine's own python3 and packages; .whl holds what it lacks (gguf). Logs go to $OUT.
+set -u
+OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site LINNET_CACHE=/tmp/linnet-cache
+if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl; fi
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
+  nproc; } > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+# 1. Tests, one process per checkpoint case (compiling is the slow part), all in parallel.
+pids=()
+for case in llama-gqa3 llama-mqa-tied-rope3 qwen2-tied qwen3-gqa3 qwen3-mqa-tied; do
+  timeout "${TEST_SECONDS:-240}" python3 -m pytest -q -p no:cacheprovider tests/backends/test_conformance.py \
+    -k "$case" > "$OUT/conformance-$case.log" 2>&1 & pids+=($!)
+done
+timeout "${TEST_SECONDS:-240}" python3 -m pytest -q -p no:cacheprovider tests/backends/torch tests/bench \
+  tests/generation > "$OUT/other-tests.log" 2>&1 & pids+=($!)
+wait "${pids[@]}"
+tail -n 3 "$OUT"/*.log
+
+# 2. The bench: every Linnet torch mode and both transformers peers, bf16, 512 prompt + 128 new tokens.
+python3 - <<'PY'
+import torch, transformers
+config = transformers.Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+    num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+    rope_theta=1e6, max_position_embeddings=32768)
+torch.manual_seed(0)
+transformers.Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained("/tmp/qwen05b")
+PY
+timeout "${BENCH_SECONDS:-330}" python3 -m linnet bench /tmp/qwen05b --dtype bf16 \
+  --backend torch:eager --backend torch:inductor --backend torch:cudagraphs \
+  --peer transformers --peer transformers:compiled --prompt-tokens 512 --new-tokens 128 --warmup 1 --runs 3 \
+  -o "$OUT/bench-bf16.json" 2>&1 | tee "$OUT/bench.log"
