@@ -2,11 +2,13 @@
 
 A backend that wants another layout or dtype than the checkpoint's (transposed matrices, f16) pays the
 conversion once; the result is saved as safetensors under ``$LINNET_CACHE`` (default
-``~/.cache/linnet``), keyed by the source files' identity and the conversion's name.
+``~/.cache/linnet``), keyed by the source files' identity and the conversion's name. The file is kept
+in the page cache as 2 MB folios where the kernel allows it, so that every process maps it with huge pages.
 """
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import tempfile
 from collections.abc import Callable
@@ -21,6 +23,28 @@ def cache_root() -> Path:
     """Where converted weights and generated modules live; ``LINNET_CACHE=off`` keeps nothing between runs."""
     root = os.environ.get("LINNET_CACHE", str(Path.home() / ".cache" / "linnet"))
     return Path(tempfile.gettempdir()) / "linnet-uncached" if root == "off" else Path(root)
+
+
+HUGE_PAGE = 2 << 20
+
+
+def settle_in_huge_pages(path: Path) -> None:
+    """Read what of ``path`` the page cache lacks as 2 MB folios, where the kernel can.
+
+    One byte per 2 MB is read through a mapping advised ``MADV_HUGEPAGE`` and ``MADV_RANDOM``: each miss
+    then reads one 2 MB folio (Linux 6.16+ on ext4, earlier on xfs), where plain read-ahead starts
+    small. Processes that map the file later get huge-page mappings: fewer page faults on first touch
+    and fewer TLB misses while decode streams the weights. Cached parts are left as they are (about
+    5 ms for 2 GB); where huge pages are not supported the advice does nothing, and errors are ignored.
+    """
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as view:
+            view.madvise(mmap.MADV_HUGEPAGE)
+            view.madvise(mmap.MADV_RANDOM)  # exactly one 2 MB folio per miss, no smaller read-ahead
+            for offset in range(0, len(view), HUGE_PAGE):
+                view[offset]
+    except (OSError, ValueError, AttributeError):  # empty file, no mmap advice on this platform
+        pass
 
 
 def source_identity(paths: list[Path]) -> str:
@@ -52,5 +76,6 @@ def cached_tensors(
             if os.path.exists(tmp):
                 os.unlink(tmp)
         del tensors
+    settle_in_huge_pages(path)
     with safe_open(str(path), framework="pt") as f:
         return {name: f.get_tensor(name) for name in f.keys()}

@@ -1,0 +1,75 @@
+"""The converted-weights cache: built once, mapped after, and laid out in 2 MB page-cache folios."""
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+from pathlib import Path
+
+import pytest
+import torch
+
+from linnet.weight_cache import HUGE_PAGE, cache_root, cached_tensors, settle_in_huge_pages
+
+
+def test_built_once_then_mapped(tmp_path):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return {"w": torch.arange(12.0).view(3, 4)}
+
+    first = cached_tensors("some-source", "some-conversion", build)
+    again = cached_tensors("some-source", "some-conversion", build)
+    assert calls == [1]
+    assert torch.equal(first["w"], again["w"])
+
+
+def _large_folios_expected(path: Path) -> str | None:
+    """Why this machine would not give a file 2 MB page-cache folios, or None if it should."""
+    if platform.system() != "Linux":
+        return "Linux only"
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[never]" in thp.read_text():
+        return "transparent huge pages are off"
+    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    fs = max((m for m in mounts if str(path.resolve()).startswith(m[1])), key=lambda m: len(m[1]))[2]
+    kernel = tuple(int(x) for x in platform.release().split(".")[:2])
+    if fs == "xfs" or (fs == "ext4" and kernel >= (6, 16)):
+        return None
+    return f"{fs} on Linux {platform.release()} keeps no large page-cache folios"
+
+
+def _pmd_mapped_after_reverse_touch(path: Path) -> int:
+    """Bytes of path mapped with 2 MB pages after touching every 4 KB page from the end backwards."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as view:
+        for offset in range(len(view) - 1, -1, -4096):  # backwards: read-ahead cannot grow its folios
+            view[offset]
+        kb, in_file = 0, False
+        for line in Path("/proc/self/smaps").read_text().splitlines():
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:
+                in_file = fields[-1] == str(path.resolve())
+            elif in_file and fields[0] == "FilePmdMapped:":
+                kb += int(fields[1])
+        return kb * 1024
+
+
+def test_settled_file_maps_with_huge_pages():
+    cached_tensors("huge-source", "huge-conversion", lambda: {"w": torch.randn(6 * HUGE_PAGE // 4)})
+    (path,) = [p for p in cache_root().glob("*.safetensors") if p.stat().st_size > 5 * HUGE_PAGE]
+    if reason := _large_folios_expected(path):
+        pytest.skip(reason)
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache: read back from disk
+    os.close(fd)
+    settle_in_huge_pages(path)
+    # Every whole 2 MB stretch of the file (the first 5 of its 6-odd) is mapped with a huge page.
+    assert _pmd_mapped_after_reverse_touch(path) >= 5 * HUGE_PAGE
+
+
+def test_settling_an_empty_file_is_harmless(tmp_path):
+    empty = tmp_path / "empty.safetensors"
+    empty.write_bytes(b"")
+    settle_in_huge_pages(empty)
