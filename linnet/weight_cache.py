@@ -56,14 +56,19 @@ def source_identity(paths: list[Path]) -> str:
     return "|".join(parts)
 
 
+def cached_path(source: str, conversion: str) -> Path:
+    """Where ``source`` converted by ``conversion`` is kept."""
+    key = hashlib.sha256(f"{source}\n{conversion}".encode()).hexdigest()[:24]
+    return cache_root() / f"{key}.safetensors"
+
+
 def cached_tensors(
     source: str | None, conversion: str, build: Callable[[], dict[str, torch.Tensor]]
 ) -> dict[str, torch.Tensor]:
     """``build()``'s tensors, from the disk cache when this source was converted this way before."""
     if source is None or os.environ.get("LINNET_CACHE") == "off":
         return build()
-    key = hashlib.sha256(f"{source}\n{conversion}".encode()).hexdigest()[:24]
-    path = cache_root() / f"{key}.safetensors"
+    path = cached_path(source, conversion)
     if not path.is_file():
         tensors = {name: t.contiguous() for name, t in build().items()}
         path.parent.mkdir(parents=True, exist_ok=True)

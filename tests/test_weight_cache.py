@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from linnet.weight_cache import HUGE_PAGE, cache_root, cached_tensors, settle_in_huge_pages
+from linnet.weight_cache import HUGE_PAGE, cached_path, cached_tensors, settle_in_huge_pages
 
 
-def test_built_once_then_mapped(tmp_path):
+def test_built_once_then_mapped():
     calls = []
 
     def build():
@@ -57,7 +57,7 @@ def _pmd_mapped_after_reverse_touch(path: Path) -> int:
 
 def test_settled_file_maps_with_huge_pages():
     cached_tensors("huge-source", "huge-conversion", lambda: {"w": torch.randn(6 * HUGE_PAGE // 4)})
-    (path,) = [p for p in cache_root().glob("*.safetensors") if p.stat().st_size > 5 * HUGE_PAGE]
+    path = cached_path("huge-source", "huge-conversion")
     if reason := _large_folios_expected(path):
         pytest.skip(reason)
     fd = os.open(path, os.O_RDONLY)
