@@ -34,8 +34,8 @@ def settle_in_huge_pages(path: Path) -> None:
     One byte per 2 MB is read through a mapping advised ``MADV_HUGEPAGE`` and ``MADV_RANDOM``: each miss
     then reads one 2 MB folio (Linux 6.16+ on ext4, earlier on xfs), where plain read-ahead starts
     small. Processes that map the file later get huge-page mappings: fewer page faults on first touch
-    and fewer TLB misses while decode streams the weights. Cached parts are left as they are (about
-    5 ms for 2 GB); where huge pages are not supported the advice does nothing, and errors are ignored.
+    and fewer TLB misses while decode streams the weights. Cached parts are left as they are (4-16 ms
+    for 2 GB here); where huge pages are not supported the advice does nothing, and errors are ignored.
     """
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as view:
