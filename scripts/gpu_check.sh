@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# The GPU checks, as one script for a lent CUDA machine (see docs/GPU.md): the conformance suite and the
-# bench tests on CUDA (CUDA graphs included), then `linnet bench` on a Qwen2.5-0.5B-shaped checkpoint.
+# The GPU checks for a lent CUDA machine (docs/GPU.md), in stages named as arguments (default: tests bench):
+#   tests  the conformance suite (slow included) and the torch-backend, bench and generation tests on CUDA
+#   bench  `linnet bench`, bf16, Qwen2.5-0.5B shapes, 512 prompt + 128 new: every torch mode vs transformers
+#   peer   the same against transformers compiled, apart: it compiles for minutes, and a time limit that
+#          cuts a bench off loses its whole table
+# Each stage fits one device call of 10 minutes; on a warm machine the next call can run the next stage.
 # Runs with that machine's own python3 and packages; .whl holds what it lacks (gguf). Logs go to $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
@@ -11,19 +15,20 @@ if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile
   nproc; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
-# 1. Tests, one process per checkpoint case (compiling is the slow part), all in parallel.
-pids=()
-for case in llama-gqa3 llama-mqa-tied-rope3 qwen2-tied qwen3-gqa3 qwen3-mqa-tied; do
-  timeout "${TEST_SECONDS:-240}" python3 -m pytest -q -p no:cacheprovider tests/backends/test_conformance.py \
-    -k "$case" > "$OUT/conformance-$case.log" 2>&1 & pids+=($!)
-done
-timeout "${TEST_SECONDS:-240}" python3 -m pytest -q -p no:cacheprovider tests/backends/torch tests/bench \
-  tests/generation > "$OUT/other-tests.log" 2>&1 & pids+=($!)
-wait "${pids[@]}"
-tail -n 3 "$OUT"/*.log
+tests() {  # one process per checkpoint case (compiling is the slow part), all in parallel
+  local pids=()
+  for case in llama-gqa3 llama-mqa-tied-rope3 qwen2-tied qwen3-gqa3 qwen3-mqa-tied; do
+    timeout "${TEST_SECONDS:-240}" python3 -m pytest -q -p no:cacheprovider tests/backends/test_conformance.py \
+      -k "$case" > "$OUT/conformance-$case.log" 2>&1 & pids+=($!)
+  done
+  timeout "${TEST_SECONDS:-240}" python3 -m pytest -q -p no:cacheprovider tests/backends/torch tests/bench \
+    tests/generation > "$OUT/other-tests.log" 2>&1 & pids+=($!)
+  wait "${pids[@]}"
+  tail -n 1 "$OUT"/*.log
+}
 
-# 2. The bench: every Linnet torch mode and both transformers peers, bf16, 512 prompt + 128 new tokens.
-python3 - <<'PY'
+checkpoint() {
+  [ -f /tmp/qwen05b/config.json ] || python3 - <<'PY'
 import torch, transformers
 config = transformers.Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
     num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
@@ -31,7 +36,22 @@ config = transformers.Qwen2Config(hidden_size=896, intermediate_size=4864, num_h
 torch.manual_seed(0)
 transformers.Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained("/tmp/qwen05b")
 PY
-timeout "${BENCH_SECONDS:-330}" python3 -m linnet bench /tmp/qwen05b --dtype bf16 \
-  --backend torch:eager --backend torch:inductor --backend torch:cudagraphs \
-  --peer transformers --peer transformers:compiled --prompt-tokens 512 --new-tokens 128 --warmup 1 --runs 3 \
-  -o "$OUT/bench-bf16.json" 2>&1 | tee "$OUT/bench.log"
+}
+
+run_bench() {  # name, then the subjects
+  local name=$1; shift
+  checkpoint
+  timeout "${BENCH_SECONDS:-540}" python3 -m linnet bench /tmp/qwen05b --dtype bf16 --prompt-tokens 512 \
+    --new-tokens 128 --warmup 1 --runs 3 "$@" -o "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log"
+}
+
+stages=("$@"); [ ${#stages[@]} -gt 0 ] || stages=(tests bench)
+for stage in "${stages[@]}"; do
+  case $stage in
+    tests) tests ;;
+    bench) run_bench bench-bf16 --backend torch:eager --backend torch:inductor --backend torch:cudagraphs \
+             --peer transformers ;;
+    peer) run_bench bench-bf16-compiled-peer --backend torch:cudagraphs --peer transformers:compiled ;;
+    *) echo "unknown stage $stage (tests, bench, peer)"; exit 2 ;;
+  esac
+done
