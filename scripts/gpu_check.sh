@@ -4,7 +4,8 @@
 #   bench  `linnet bench`, bf16, Qwen2.5-0.5B shapes, 512 prompt + 128 new: every torch mode vs transformers
 #   peer   the same against transformers compiled, apart: it compiles for minutes, and a time limit that
 #          cuts a bench off loses its whole table
-# Each stage fits one device call of 10 minutes; on a warm machine the next call can run the next stage.
+# Each stage fits one device call of 10 minutes, and the default pair fits one of 590 s (240 + 320 s at
+# most, TEST_SECONDS and BENCH_SECONDS); on a warm machine the next call can run the next stage.
 # Runs with that machine's own python3 and packages; .whl holds what it lacks (gguf). Logs go to $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
@@ -41,7 +42,7 @@ PY
 run_bench() {  # name, then the subjects
   local name=$1; shift
   checkpoint
-  timeout "${BENCH_SECONDS:-540}" python3 -m linnet bench /tmp/qwen05b --dtype bf16 --prompt-tokens 512 \
+  timeout "${BENCH_SECONDS:-320}" python3 -m linnet bench /tmp/qwen05b --dtype bf16 --prompt-tokens 512 \
     --new-tokens 128 --warmup 1 --runs 3 "$@" -o "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log"
 }
 
