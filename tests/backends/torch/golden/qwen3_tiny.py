@@ -73,8 +73,12 @@ def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    """x * cos + rotate_half(x) * sin, rotate_half(x) being (-x2, x1). The halves are swapped by a flip,
+    which inductor folds into the loops that read x; a torch.cat would be copies of their own, each a
+    single-threaded pass and a barrier in the compiled step."""
+    sign = torch.tensor([-1.0, 1.0], dtype=x.dtype, device=x.device)[:, None]
+    rotated = (x.unflatten(-1, (2, HEAD_DIM // 2)).flip(-2) * sign).flatten(-2)
+    return x * cos + rotated * sin
 
 
 def attention(q, k, v, cache_k, cache_v, rows, positions, mask) -> torch.Tensor:
