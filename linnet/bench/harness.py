@@ -1,8 +1,10 @@
 """The parent: one worker process per subject, then the distances, the ratios and a ``Results``.
 
 Each subject runs in its own process so that one's memory, threads and compiled state never
-contaminate another's; the load average is read before and after each, since on a small machine any
-other busy process changes every figure.
+contaminate another's. By default the subjects take turns, one generation each (after every worker
+has loaded): on a shared machine whose memory bandwidth drifts over minutes, each ratio then compares
+generations run minutes apart at most, not one subject's whole series against another's. The load
+average is read before and after each subject's runs, since any other busy process changes every figure.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import numpy as np
 
 from linnet.bench import machine
 from linnet.bench.protocol import REFERENCE, ROW_NAMES, Job, random_prompt
+from linnet.errors import LinnetError
 from linnet.model import open_model, resolve
 from linnet.registry.schema import Protocol
 from linnet.results import Against, Machine, Metric, Results, Row
@@ -37,32 +40,43 @@ class Settings:
     dtype: str = "f32"
     threads: int | None = None  # None: every core this process may use
     omp_wait_policy: str = "passive"  # or "active", or "inherit" the caller's environment
+    interleave: bool = True  # subjects take turns, one generation each; False: one subject after another
 
 
 def run_bench(settings: Settings, log: Any = sys.stderr) -> Results:
     path = resolve(settings.model)
     spec = open_model(str(path)).spec
     threads = settings.threads or machine.cores()
+    env = worker_environment(threads, settings.omp_wait_policy)
+    if settings.interleave and env.get("OMP_WAIT_POLICY", "").upper() == "ACTIVE":
+        raise LinnetError("interleaved runs need idle workers whose threads sleep: with OMP_WAIT_POLICY=ACTIVE "
+                          "they spin for minutes on the cores the running worker needs; run them in sequence")
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     load_average = [round(x, 2) for x in os.getloadavg()]
     order = sorted(settings.subjects, key=lambda s: s != REFERENCE)  # stable: the reference first
-    reports = {}
     with tempfile.TemporaryDirectory(prefix="linnet-bench-") as tmp:
         job = Job(str(path), settings.dtype, settings.protocol,
                   random_prompt(spec.vocab_size, settings.protocol.prompt_tokens), tmp)
-        job.save(Path(tmp) / "job.json")
+        job_path = Path(tmp) / "job.json"
+        job.save(job_path)
+        reports: dict[str, dict[str, Any]] = {}
         for subject in order:
-            print(f"linnet bench: {subject} ...", file=log, flush=True)
             # An untimed load first, in a process of its own: the page cache then holds the checkpoint and
             # Linnet's converted weights exist, so every load time is the steady state, not the first one's.
-            primed = run_worker(Path(tmp) / "job.json", subject, threads, settings.omp_wait_policy, load_only=True)
-            reports[subject] = primed if "not_run" in primed else run_worker(
-                Path(tmp) / "job.json", subject, threads, settings.omp_wait_policy)
+            print(f"linnet bench: preparing {subject} ...", file=log, flush=True)
+            primer = Worker(job_path, subject, env, load_only=True)
+            primed = primer.receive()
+            primer.close()
+            if "not_run" in primed:
+                reports[subject] = primed
+        ready = [s for s in order if s not in reports]
+        for turn in ([ready] if settings.interleave else [[s] for s in ready]):
+            reports.update(run_turns(job_path, turn, env, settings.protocol, log))
         distances = {s: distance_from_reference(job, s, reports) for s in order
                      if s != REFERENCE and "not_run" not in reports[s]}
-    rows = [make_row(s, reports[s], distances.get(s)) for s in order]
+    rows = [make_row(s, reports[s], distances.get(s), settings.interleave and len(ready) > 1) for s in order]
     add_comparisons(rows)
-    accelerator = next((r["accelerator"] for r in reports.values() if "accelerator" in r), None)
+    accelerator = next((r["accelerator"] for r in reports.values() if r.get("accelerator")), None)
     return Results(
         model=settings.model if not Path(settings.model).exists() else path.resolve().name,
         timestamp=started,
@@ -74,22 +88,77 @@ def run_bench(settings: Settings, log: Any = sys.stderr) -> Results:
     )
 
 
-def run_worker(job: Path, subject: str, threads: int, omp_wait_policy: str, load_only: bool = False
-               ) -> dict[str, Any]:
+def worker_environment(threads: int, omp_wait_policy: str) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     if omp_wait_policy != "inherit":
         env["OMP_WAIT_POLICY"] = omp_wait_policy.upper()
-    before = os.getloadavg()[0]
-    flags = ["--load-only"] if load_only else []
-    done = subprocess.run([sys.executable, "-m", "linnet.bench.worker", str(job), subject, *flags],
-                          stdout=subprocess.PIPE, text=True, env=env)
-    after = os.getloadavg()[0]
-    lines = done.stdout.strip().splitlines()
-    try:
-        report = json.loads(lines[-1])
-    except (IndexError, json.JSONDecodeError):
-        report = {"not_run": f"failed: the worker exited with status {done.returncode} and no report"}
-    return {**report, "load_average": [round(before, 2), round(after, 2)]}
+    return env
+
+
+class Worker:
+    """A subject's worker process (``linnet.bench.worker``), driven one line at a time."""
+
+    def __init__(self, job: Path, subject: str, env: dict[str, str], load_only: bool = False):
+        flags = ["--load-only"] if load_only else []
+        self.process = subprocess.Popen([sys.executable, "-m", "linnet.bench.worker", str(job), subject, *flags],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+    def receive(self) -> dict[str, Any]:
+        """The worker's next message; anything else it printed goes to stderr, not lost."""
+        for line in self.process.stdout:
+            try:
+                message = json.loads(line)
+            except json.JSONDecodeError:
+                message = None
+            if isinstance(message, dict):
+                return message
+            sys.stderr.write(line)
+        status = self.process.wait()
+        return {"not_run": f"failed: the worker exited with status {status} and no report"}
+
+    def ask(self, command: str) -> dict[str, Any]:
+        try:
+            self.process.stdin.write(command + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # it has exited: receive() says so
+        return self.receive()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def run_turns(job: Path, subjects: list[str], env: dict[str, str], protocol: Protocol, log: Any
+              ) -> dict[str, dict[str, Any]]:
+    """Load every subject in its worker, then run the warm-ups and runs, the subjects taking turns."""
+    workers = {s: Worker(job, s, env) for s in subjects}
+    reports = {s: {**w.receive(), "started": [], "ttft_s": [], "decode_tok_s": []} for s, w in workers.items()}
+    live = [s for s in subjects if "not_run" not in reports[s]]
+    for s in live:
+        reports[s]["load_average"] = [round(os.getloadavg()[0], 2)]
+    for i in range(protocol.warmups + protocol.runs):
+        warm_up = " (warm-up)" if i < protocol.warmups else ""
+        print(f"linnet bench: generation {i + 1} of {protocol.warmups + protocol.runs}{warm_up}: "
+              f"{', '.join(live)}", file=log, flush=True)
+        for s in list(live):
+            sample = workers[s].ask("run")
+            if "not_run" in sample:
+                reports[s].update(sample)
+                live.remove(s)
+                continue
+            reports[s]["started"].append(sample["started"])
+            if i >= protocol.warmups:
+                reports[s]["ttft_s"].append(sample.pop("ttft_s"))
+                reports[s]["decode_tok_s"].append(sample.pop("decode_tok_s"))
+            if i == 0:
+                reports[s].update(first_generation_s=sample["first_generation_s"], tokens=sample["tokens"])
+    for s in live:
+        reports[s].update(workers[s].ask("done"))
+        reports[s]["load_average"].append(round(os.getloadavg()[0], 2))
+    for w in workers.values():
+        w.close()
+    return reports
 
 
 def distance_from_reference(job: Job, subject: str, reports: dict[str, dict]) -> tuple[float, int] | None:
@@ -110,7 +179,7 @@ def distance_from_reference(job: Job, subject: str, reports: dict[str, dict]) ->
     return float(np.max(np.abs(mine[:steps] - theirs[:steps]))), steps
 
 
-def make_row(subject: str, r: dict[str, Any], distance: tuple[float, int] | None) -> Row:
+def make_row(subject: str, r: dict[str, Any], distance: tuple[float, int] | None, interleaved: bool) -> Row:
     name = ROW_NAMES[subject]
     if "not_run" in r:
         return Row(GROUP, name, not_run=r["not_run"])
@@ -128,6 +197,7 @@ def make_row(subject: str, r: dict[str, Any], distance: tuple[float, int] | None
         + (f"OMP_WAIT_POLICY={policy}" if policy else "OMP_WAIT_POLICY unset"),
         f"load average {before:.2f} before, {after:.2f} after",
         f"first generation {r['first_generation_s']:.3g} s",
+        "runs interleaved with the other subjects'" if interleaved else "runs apart from the other subjects'",
     ]
     if subject == REFERENCE:
         return Row(GROUP, name, metrics, distance="reference", notes=notes)

@@ -1,7 +1,11 @@
 """One bench subject in its own process: ``python -m linnet.bench.worker JOB SUBJECT [--load-only]``.
 
-Loads the subject, runs the warm-ups and the timed runs (the first generation records its logits and
-pays any compilation), and prints one JSON line: the raw samples, or ``not_run``.
+A line protocol with the parent, so that the parent decides when each generation runs (taking turns
+with the other subjects or not). The worker loads the subject and prints one JSON line: its threads,
+OMP policy and load time, or ``not_run``. Then, for each ``run`` line it reads, it runs one generation
+and prints its samples (the first also records its logits and pays any compilation); on ``done`` or
+at the end of its input it prints the peak memory and notes, and exits. ``--load-only``: load, reply,
+exit.
 Threads and OMP settings come from the environment the parent gave this process.
 """
 from __future__ import annotations
@@ -12,7 +16,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -37,43 +41,68 @@ def open_subject(name: str, job: Job) -> Subject:
     raise LinnetError(f"unknown bench subject {name!r}; choose from {', '.join(LINNET_BACKENDS + PEERS)}")
 
 
-def measure(name: str, job: Job, load_only: bool = False) -> dict[str, Any]:
+def reply(message: dict[str, Any]) -> None:
+    print(json.dumps(message), flush=True)
+
+
+def failure(e: Exception) -> dict[str, str]:
+    """A row "not run" with the reason: never an estimate. Unexpected errors keep their traceback."""
+    if isinstance(e, BackendUnavailable):
+        return {"not_run": str(e)}
+    traceback.print_exc()
+    return {"not_run": f"failed: {type(e).__name__}: {e}"}
+
+
+def generation(subject: Subject, name: str, job: Job, first: bool) -> dict[str, Any]:
     p = job.protocol
-    subject = open_subject(name, job)
-    start = time.perf_counter()
-    subject.load()
-    report: dict[str, Any] = {"load_s": time.perf_counter() - start, "ttft_s": [], "decode_tok_s": []}
-    if load_only:
-        return report
-    for i in range(p.warmups + p.runs):
-        g = subject.generate(job.prompt, p.new_tokens, record=CHECK_STEPS + 1 if i == 0 else 0)
-        if len(g.tokens) != p.new_tokens:
-            raise LinnetError(f"{name} generated {len(g.tokens)} tokens, not the {p.new_tokens} asked for")
-        if i == 0:
-            np.save(job.logits_path(name), g.logits)
-            report.update(first_generation_s=g.ttft_s + g.decode_s, tokens=g.tokens[: len(g.logits)])
-        if i >= p.warmups:
-            report["ttft_s"].append(g.ttft_s)
-            report["decode_tok_s"].append((p.new_tokens - 1) / g.decode_s)
-    report.update(peak_memory=subject.peak_memory(), notes=subject.notes())
-    return report
+    started = time.time()  # wall clock: when each subject's turns ran, for the parent's record
+    g = subject.generate(job.prompt, p.new_tokens, record=CHECK_STEPS + 1 if first else 0)
+    if len(g.tokens) != p.new_tokens:
+        raise LinnetError(f"{name} generated {len(g.tokens)} tokens, not the {p.new_tokens} asked for")
+    sample = {"started": started, "ttft_s": g.ttft_s, "decode_tok_s": (p.new_tokens - 1) / g.decode_s}
+    if first:
+        np.save(job.logits_path(name), g.logits)
+        sample.update(first_generation_s=g.ttft_s + g.decode_s, tokens=g.tokens[: len(g.logits)])
+    return sample
 
 
-def main(argv: list[str]) -> int:
-    job_path, name, *flags = argv
-    report: dict[str, Any] = {
+def serve(name: str, job: Job, commands: IO[str], load_only: bool = False) -> None:
+    header = {
         "threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "accelerator": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     try:
-        report.update(measure(name, Job.load(Path(job_path)), load_only="--load-only" in flags))
-    except BackendUnavailable as e:
-        report["not_run"] = str(e)
-    except Exception as e:  # reported, not hidden: the row says "failed" and the command exits 1
-        traceback.print_exc()
-        report["not_run"] = f"failed: {type(e).__name__}: {e}"
-    print(json.dumps(report))
+        subject = open_subject(name, job)
+        start = time.perf_counter()
+        subject.load()
+        reply({**header, "load_s": time.perf_counter() - start})
+    except Exception as e:
+        reply({**header, **failure(e)})
+        return
+    if load_only:
+        return
+    runs = 0
+    for line in commands:
+        if line.strip() != "run":
+            break
+        try:
+            reply(generation(subject, name, job, first=runs == 0))
+        except Exception as e:
+            reply(failure(e))
+            return
+        runs += 1
+    reply({"peak_memory": subject.peak_memory(), "notes": subject.notes()})
+
+
+def main(argv: list[str]) -> int:
+    job_path, name, *flags = argv
+    try:
+        job = Job.load(Path(job_path))
+    except Exception as e:
+        reply(failure(e))
+        return 0
+    serve(name, job, sys.stdin, load_only="--load-only" in flags)
     return 0
 
 

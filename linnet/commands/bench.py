@@ -1,4 +1,5 @@
-"""``linnet bench``: Linnet's backends against transformers, each in its own process, on one checkpoint."""
+"""``linnet bench``: Linnet's backends against transformers, each in its own process, on one checkpoint,
+taking turns one generation at a time (``--sequential``: one subject after another)."""
 from __future__ import annotations
 
 import argparse
@@ -29,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=int, default=None, help="per worker (default: every core)")
     parser.add_argument("--omp-wait-policy", default="passive", choices=OMP_WAIT_POLICIES,
                         help="OMP_WAIT_POLICY for the workers (default: passive; inherit leaves it alone)")
+    parser.add_argument("--sequential", action="store_true",
+                        help="run each subject's generations together, not taking turns with the others")
     parser.add_argument("-o", "--output", help="write the results JSON here")
     parser.set_defaults(func=handle)
 
@@ -41,7 +44,9 @@ def handle(args: argparse.Namespace) -> int:
     protocol = Protocol(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, batch=1,
                         runs=args.runs, warmups=args.warmup)
     subjects = tuple(args.peer or PEERS) + tuple(args.backend or LINNET_BACKENDS)
-    results = run_bench(Settings(args.model, subjects, protocol, args.dtype, args.threads, args.omp_wait_policy))
+    settings = Settings(args.model, subjects, protocol, args.dtype, args.threads, args.omp_wait_policy,
+                        interleave=not args.sequential)
+    results = run_bench(settings)
     print(format_results(results))
     if args.output:
         save_results(results, args.output)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
@@ -11,9 +12,10 @@ import pytest
 import torch
 
 from linnet.bench import worker
-from linnet.bench.harness import distance_from_reference
+from linnet.bench.harness import Settings, distance_from_reference, run_bench, run_turns, worker_environment
 from linnet.bench.protocol import Job, cache_positions, random_prompt
 from linnet.commands import bench
+from linnet.errors import LinnetError
 from linnet.registry.schema import Protocol
 from linnet.results import METRICS, load_results
 
@@ -76,6 +78,28 @@ def test_threads_and_load_average_are_recorded(run):
         if row.not_run is None:
             assert "1 thread, OMP_WAIT_POLICY=PASSIVE" in row.notes
             assert any(n.startswith("load average ") and " before, " in n for n in row.notes)
+            assert "runs interleaved with the other subjects'" in row.notes
+
+
+def test_subjects_take_turns(checkpoint_dir, tmp_path: Path):
+    """Each subject's i-th generation runs between the other's i-th and (i+1)-th, all in live workers."""
+    job = Job(str(checkpoint_dir("qwen2-tied")), "f32", PROTOCOL, random_prompt(331, 16), str(tmp_path))
+    job.save(tmp_path / "job.json")
+    log = io.StringIO()
+    reports = run_turns(tmp_path / "job.json", ["transformers", "torch:eager"], worker_environment(1, "passive"),
+                        PROTOCOL, log)
+    first, second = reports["transformers"]["started"], reports["torch:eager"]["started"]
+    assert len(first) == len(second) == PROTOCOL.warmups + PROTOCOL.runs
+    assert all(a < b for a, b in zip(first, second)) and all(b < a for b, a in zip(second, first[1:]))
+    assert all(len(r["decode_tok_s"]) == PROTOCOL.runs and "peak_memory" in r for r in reports.values())
+    assert "generation 1 of 3 (warm-up): transformers, torch:eager" in log.getvalue()
+
+
+def test_spinning_workers_cannot_take_turns(checkpoint_dir):
+    settings = Settings(str(checkpoint_dir("qwen2-tied")), ("torch:eager",), PROTOCOL, omp_wait_policy="active")
+    with pytest.raises(LinnetError, match="OMP_WAIT_POLICY=ACTIVE .* run them in sequence"):
+        run_bench(settings)
+    assert parse(["model", "--sequential"]).sequential and not parse(["model"]).sequential
 
 
 def test_distance_stops_where_the_greedy_tokens_part(tmp_path: Path):
