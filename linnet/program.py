@@ -17,6 +17,7 @@ Op kinds:
   add(a, b)                     residual add
   split(x; sizes)               one value into several along the last axis (``out`` names them, "a, b")
   norm_linear(x, n, w[, b]; eps)  rms_norm(x, n) read only by linear(., w[, b]): one op (fuse_norm_linears)
+  rms_linear(x, w[, b]; eps)    norm_linear with n folded into w's columns, w[:, i] * n[i] (fold_norm_weights)
 
 The head reads ``w.lm_head``; for a tied model each backend binds it to the embedding table.
 """
@@ -44,6 +45,9 @@ class Program:
     head: tuple[Op, ...]
     # Weights a backend must build by concatenating others along the output axis: (name, parts).
     fused: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Weights whose columns a backend must multiply by a norm's weight: (section, weight, norm), the
+    # section being "layer" (names within each layer) or "head". A tied lm_head becomes a matrix of its own.
+    folded: tuple[tuple[str, str, str], ...] = ()
 
 
 def build_program(spec: ModelSpec) -> Program:
@@ -142,6 +146,29 @@ def fuse_norm_linears(program: Program) -> Program:
         return tuple(out)
 
     return replace(program, layer=fuse(program.layer), head=fuse(program.head))
+
+
+def fold_norm_weights(program: Program) -> Program:
+    """Each norm_linear becomes an rms_linear over its weight with the norm's weight folded in.
+
+    rms_norm(x, n) @ w.T == (x * scale) @ (w * n).T, with scale = rsqrt(mean(x^2) + eps) per token; the
+    backend multiplies the weight's columns once when it prepares the weights, so a one-token step
+    reads plain weights against plain x, and nothing is multiplied per weight it streams.
+    """
+    folded = []
+
+    def fold(section: str, ops: tuple[Op, ...]) -> tuple[Op, ...]:
+        out = []
+        for op in ops:
+            if op.kind == "norm_linear":
+                x, n, w, *b = op.inputs
+                folded.append((section, w.removeprefix("w."), n.removeprefix("w.")))
+                op = Op("rms_linear", op.out, (x, w, *b), op.attrs)
+            out.append(op)
+        return tuple(out)
+
+    layer, head = fold("layer", program.layer), fold("head", program.head)
+    return replace(program, layer=layer, head=head, folded=program.folded + tuple(folded))
 
 
 def _read_later(ops: tuple[Op, ...], name: str) -> bool:

@@ -1,7 +1,7 @@
-"""The Linnet program and its backend-neutral passes (projection fusion, norm + linear fusion)."""
+"""The Linnet program and its backend-neutral passes (projection fusion, norm + linear fusion, norm folding)."""
 from __future__ import annotations
 
-from linnet.program import Op, build_program, fuse_norm_linears, fuse_projections
+from linnet.program import Op, build_program, fold_norm_weights, fuse_norm_linears, fuse_projections
 from linnet.spec import spec_from_hf_config
 from checkpoints import CASES_BY_ID, hf_config
 
@@ -36,3 +36,13 @@ def test_norm_read_by_several_linears_is_left_alone():
     program = build_program(QWEN2)
     assert fuse_norm_linears(program).layer[:4] == program.layer[:4]
     assert kinds(fuse_norm_linears(program).layer).count("norm_linear") == 0
+
+
+def test_norm_weights_fold_into_the_matrices_after_them():
+    program = fold_norm_weights(fuse_norm_linears(fuse_projections(build_program(QWEN2))))
+    assert kinds(program.layer).count("rms_linear") == 2 and "norm_linear" not in kinds(program.layer)
+    qkv = program.layer[0]
+    assert qkv == Op("rms_linear", "qkv", ("x", "w.qkv", "w.qkv_bias"), {"eps": 1e-6})
+    assert program.head == (Op("rms_linear", "logits", ("x", "w.lm_head"), {"eps": 1e-6}),)
+    assert program.folded == (("layer", "qkv", "attn_norm"), ("layer", "gate_up", "mlp_norm"),
+                               ("head", "lm_head", "norm"))

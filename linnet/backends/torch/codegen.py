@@ -14,9 +14,10 @@ _PREAMBLE = '''\
 {dims}
 
 Linear weights keep the checkpoint's [out, in] layout; q/k/v and gate/up are each one matrix (`qkv`,
-`gate_up`), read in one pass and split after. A compiled one-token step computes each product as a
-multiply-and-sum, which inductor turns into one loop streaming the weights at memory speed, and applies
-an RMS norm's scale after the product that follows it (`norm_linear`).
+`gate_up`), read in one pass and split after. An RMS norm's weight is folded into the columns of the
+matrix after it (`rms_linear`; the output head is then a matrix of its own even when tied). A compiled
+one-token step computes each product as a multiply-and-sum, which inductor turns into one loop
+streaming the weights at memory speed, and applies the norm's per-token scale after the product.
 The KV cache is fixed: [layers][rows, kv_heads, positions, head_dim]. A call writes its keys and values
 at `positions` of `rows` first, then attends causally over the whole row (positions a row has not
 written are masked out), so prefill and decode are one function and every decode step has one shape.
@@ -36,10 +37,13 @@ def rope_tables(positions: int, dtype: torch.dtype, device=None) -> tuple[torch.
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+def rms_scale(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / RMS(x) per token, in float32."""
+    return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return w * h.to(x.dtype)
+    return w * (x.float() * rms_scale(x, eps)).to(x.dtype)
 
 
 def compiled_decode(x: torch.Tensor) -> bool:
@@ -53,15 +57,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     return y if b is None else y + b
 
 
-def norm_linear(
-    x: torch.Tensor, n: torch.Tensor, eps: float, w: torch.Tensor, b: torch.Tensor | None = None
-) -> torch.Tensor:
-    """linear(rms_norm(x, n, eps), w, b). A compiled one-token step scales each row after the product
-    (the same sum), so the loop over the weights does not recompute the norm for every weight it reads."""
+def rms_linear(x: torch.Tensor, eps: float, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """An RMS norm and the linear after it, the norm's weight folded into w's columns. A compiled
+    one-token step scales each row after the product (the same sum), so the loop over the weights reads
+    plain weights against plain x: nothing is multiplied per weight it streams."""
     if not compiled_decode(x):
-        return linear(rms_norm(x, n, eps), w, b)
-    scale = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
-    y = (decode_product(n * x, w).float() * scale).to(x.dtype)
+        return linear((x.float() * rms_scale(x, eps)).to(x.dtype), w, b)
+    y = (decode_product(x, w).float() * rms_scale(x, eps)).to(x.dtype)
     return y if b is None else y + b
 
 
@@ -184,9 +186,9 @@ def emit_op(op: Op) -> str:
     args = ", ".join(op.inputs)
     if op.kind == "rms_norm":
         return f"{op.out} = rms_norm({args}, {op.attrs['eps']!r})"
-    if op.kind == "norm_linear":
-        x, n, *w = op.inputs
-        return f"{op.out} = norm_linear({x}, {n}, {op.attrs['eps']!r}, {', '.join(w)})"
+    if op.kind == "rms_linear":
+        x, *w = op.inputs
+        return f"{op.out} = rms_linear({x}, {op.attrs['eps']!r}, {', '.join(w)})"
     if op.kind == "split_heads":
         return f"{op.out} = split_heads({args}, {op.attrs['heads']})"
     if op.kind == "rotary":
@@ -231,7 +233,7 @@ def generate_source(program: Program) -> str:
         head_dim=spec.head_dim,
         theta=rope.theta,
         rope_scaling=scaling,
-        tie=_TIE if spec.tie_word_embeddings else "",
+        tie=_TIE if spec.tie_word_embeddings and ("head", "lm_head", "norm") not in program.folded else "",
         layer_body=_body(program.layer, 4),
         embed_body=_body(program.embed, 8),
         head_body=_body(program.head, 8),

@@ -17,26 +17,34 @@ import torch
 from linnet.backends.runner import CacheShape, Runner
 from linnet.backends.torch.codegen import generate_source
 from linnet.errors import BackendUnavailable, LinnetError
-from linnet.program import Program, build_program, fuse_norm_linears, fuse_projections
+from linnet.program import Program, build_program, fold_norm_weights, fuse_norm_linears, fuse_projections
 from linnet.spec import ModelSpec
 from linnet.weight_cache import cache_root, cached_tensors
 from linnet.weights import TORCH_DTYPES, Weights
 
 MODES = ("eager", "inductor", "cudagraphs")
-_LAYOUT_VERSION = 3  # bump when prepare_weights changes, so cached conversions are not reused
+_LAYOUT_VERSION = 4  # bump when prepare_weights changes, so cached conversions are not reused
 
 
 def torch_program(spec: ModelSpec) -> Program:
-    return fuse_norm_linears(fuse_projections(build_program(spec)))
+    return fold_norm_weights(fuse_norm_linears(fuse_projections(build_program(spec))))
 
 
 def prepare_weights(weights: Weights, program: Program, dtype: str) -> dict[str, torch.Tensor]:
-    """The generated model's layout: run dtype, fused projections (a tied head is bound by the model)."""
+    """The generated model's layout: run dtype, fused projections, norm weights folded into the matrices
+    after them (in float32, rounded once to the run dtype). A tied head the program did not fold is bound
+    to the embedding by the model; a folded one is a matrix of its own."""
     target = TORCH_DTYPES[dtype]
     tensors = dict(weights)
-    for i in range(weights.spec.num_layers):
+    layers = [f"layers.{i}." for i in range(weights.spec.num_layers)]
+    for prefix in layers:
         for name, parts in program.fused:
-            tensors[f"layers.{i}.{name}"] = torch.cat([tensors.pop(f"layers.{i}.{p}") for p in parts])
+            tensors[prefix + name] = torch.cat([tensors.pop(prefix + p) for p in parts])
+    for section, name, norm in program.folded:
+        for prefix in layers if section == "layer" else [""]:
+            key = prefix + name
+            matrix = tensors["embed"] if key == "lm_head" and key not in tensors else tensors[key]  # tied
+            tensors[key] = matrix.float() * tensors.pop(prefix + norm).float()
     return {name: tensor.to(target).contiguous() for name, tensor in tensors.items()}
 
 

@@ -4,9 +4,10 @@ hidden 48, intermediate 104, 2 layers, 6 heads (2 for keys and values) of 32,
 vocabulary 331, output head apart from the embedding, rope theta 1e+06 (default).
 
 Linear weights keep the checkpoint's [out, in] layout; q/k/v and gate/up are each one matrix (`qkv`,
-`gate_up`), read in one pass and split after. A compiled one-token step computes each product as a
-multiply-and-sum, which inductor turns into one loop streaming the weights at memory speed, and applies
-an RMS norm's scale after the product that follows it (`norm_linear`).
+`gate_up`), read in one pass and split after. An RMS norm's weight is folded into the columns of the
+matrix after it (`rms_linear`; the output head is then a matrix of its own even when tied). A compiled
+one-token step computes each product as a multiply-and-sum, which inductor turns into one loop
+streaming the weights at memory speed, and applies the norm's per-token scale after the product.
 The KV cache is fixed: [layers][rows, kv_heads, positions, head_dim]. A call writes its keys and values
 at `positions` of `rows` first, then attends causally over the whole row (positions a row has not
 written are masked out), so prefill and decode are one function and every decode step has one shape.
@@ -26,10 +27,13 @@ def rope_tables(positions: int, dtype: torch.dtype, device=None) -> tuple[torch.
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+def rms_scale(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / RMS(x) per token, in float32."""
+    return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return w * h.to(x.dtype)
+    return w * (x.float() * rms_scale(x, eps)).to(x.dtype)
 
 
 def compiled_decode(x: torch.Tensor) -> bool:
@@ -43,15 +47,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     return y if b is None else y + b
 
 
-def norm_linear(
-    x: torch.Tensor, n: torch.Tensor, eps: float, w: torch.Tensor, b: torch.Tensor | None = None
-) -> torch.Tensor:
-    """linear(rms_norm(x, n, eps), w, b). A compiled one-token step scales each row after the product
-    (the same sum), so the loop over the weights does not recompute the norm for every weight it reads."""
+def rms_linear(x: torch.Tensor, eps: float, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """An RMS norm and the linear after it, the norm's weight folded into w's columns. A compiled
+    one-token step scales each row after the product (the same sum), so the loop over the weights reads
+    plain weights against plain x: nothing is multiplied per weight it streams."""
     if not compiled_decode(x):
-        return linear(rms_norm(x, n, eps), w, b)
-    scale = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
-    y = (decode_product(n * x, w).float() * scale).to(x.dtype)
+        return linear((x.float() * rms_scale(x, eps)).to(x.dtype), w, b)
+    y = (decode_product(x, w).float() * rms_scale(x, eps)).to(x.dtype)
     return y if b is None else y + b
 
 
@@ -111,7 +113,7 @@ def embedding(tokens: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 
 def layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask):
-    qkv = norm_linear(x, w.attn_norm, 1e-06, w.qkv)
+    qkv = rms_linear(x, 1e-06, w.qkv)
     q, k, v = qkv.split((192, 64, 64), dim=-1)
     q = split_heads(q, 6)
     k = split_heads(k, 2)
@@ -123,7 +125,7 @@ def layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask):
     a = attention(q, k, v, cache_k, cache_v, rows, positions, mask)
     a = linear(a, w.o)
     x = x + a
-    gate_up = norm_linear(x, w.mlp_norm, 1e-06, w.gate_up)
+    gate_up = rms_linear(x, 1e-06, w.gate_up)
     g, u = gate_up.split((104, 104), dim=-1)
     h = swiglu(g, u)
     h = linear(h, w.down)
@@ -165,5 +167,5 @@ class Model(torch.nn.Module):
         w = self
         if last_only:
             x = x[:, -1:]
-        logits = norm_linear(x, w.norm, 1e-06, w.lm_head)
+        logits = rms_linear(x, 1e-06, w.lm_head)
         return logits.float()
