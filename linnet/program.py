@@ -17,7 +17,8 @@ Op kinds:
   add(a, b)                     residual add
   split(x; sizes)               one value into several along the last axis (``out`` names them, "a, b")
   norm_linear(x, n, w[, b]; eps)  rms_norm(x, n) read only by linear(., w[, b]): one op (fuse_norm_linears)
-  rms_linear(x, w[, b]; eps)    norm_linear with n folded into w's columns, w[:, i] * n[i] (fold_norm_weights)
+  rms_linear(x, w[, b]; eps[, norm])  norm_linear with n folded into w's columns, w[:, i] * n[i]
+                                (fold_norm_weights); attrs["norm"] names an n left unfolded (a tied head)
 
 The head reads ``w.lm_head``; for a tied model each backend binds it to the embedding table.
 """
@@ -46,7 +47,7 @@ class Program:
     # Weights a backend must build by concatenating others along the output axis: (name, parts).
     fused: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # Weights whose columns a backend must multiply by a norm's weight: (section, weight, norm), the
-    # section being "layer" (names within each layer) or "head". A tied lm_head becomes a matrix of its own.
+    # section being "layer" (names within each layer) or "head".
     folded: tuple[tuple[str, str, str], ...] = ()
 
 
@@ -153,17 +154,23 @@ def fold_norm_weights(program: Program) -> Program:
 
     rms_norm(x, n) @ w.T == (x * scale) @ (w * n).T, with scale = rsqrt(mean(x^2) + eps) per token; the
     backend multiplies the weight's columns once when it prepares the weights, so a one-token step
-    reads plain weights against plain x, and nothing is multiplied per weight it streams.
+    reads plain weights against plain x, and nothing is multiplied per weight it streams. A tied head
+    keeps its norm weight apart (attrs["norm"]): its matrix is the embedding too, and a folded copy
+    would add the embedding's size to the memory a process maps.
     """
     folded = []
+    tied = program.spec.tie_word_embeddings
 
     def fold(section: str, ops: tuple[Op, ...]) -> tuple[Op, ...]:
         out = []
         for op in ops:
             if op.kind == "norm_linear":
                 x, n, w, *b = op.inputs
-                folded.append((section, w.removeprefix("w."), n.removeprefix("w.")))
-                op = Op("rms_linear", op.out, (x, w, *b), op.attrs)
+                if tied and w == "w.lm_head":
+                    op = Op("rms_linear", op.out, (x, w, *b), {**op.attrs, "norm": n})
+                else:
+                    folded.append((section, w.removeprefix("w."), n.removeprefix("w.")))
+                    op = Op("rms_linear", op.out, (x, w, *b), op.attrs)
             out.append(op)
         return tuple(out)
 

@@ -43,6 +43,9 @@ def test_norm_weights_fold_into_the_matrices_after_them():
     assert kinds(program.layer).count("rms_linear") == 2 and "norm_linear" not in kinds(program.layer)
     qkv = program.layer[0]
     assert qkv == Op("rms_linear", "qkv", ("x", "w.qkv", "w.qkv_bias"), {"eps": 1e-6})
-    assert program.head == (Op("rms_linear", "logits", ("x", "w.lm_head"), {"eps": 1e-6}),)
-    assert program.folded == (("layer", "qkv", "attn_norm"), ("layer", "gate_up", "mlp_norm"),
-                               ("head", "lm_head", "norm"))
+    # A tied head's matrix is the embedding too: its norm weight stays apart.
+    assert program.head == (Op("rms_linear", "logits", ("x", "w.lm_head"), {"eps": 1e-6, "norm": "w.norm"}),)
+    assert program.folded == (("layer", "qkv", "attn_norm"), ("layer", "gate_up", "mlp_norm"))
+    untied = fold_norm_weights(fuse_norm_linears(build_program(QWEN3)))
+    assert untied.head == (Op("rms_linear", "logits", ("x", "w.lm_head"), {"eps": 1e-6}),)
+    assert untied.folded[-1] == ("head", "lm_head", "norm")

@@ -15,9 +15,9 @@ _PREAMBLE = '''\
 
 Linear weights keep the checkpoint's [out, in] layout; q/k/v and gate/up are each one matrix (`qkv`,
 `gate_up`), read in one pass and split after. An RMS norm's weight is folded into the columns of the
-matrix after it (`rms_linear`; the output head is then a matrix of its own even when tied). A compiled
-one-token step computes each product as a multiply-and-sum, which inductor turns into one loop
-streaming the weights at memory speed, and applies the norm's per-token scale after the product.
+matrix after it (`rms_linear`), except a tied output head's, whose matrix is the embedding too.
+A compiled one-token step computes each product as a multiply-and-sum, which inductor turns into one
+loop streaming the weights at memory speed, and applies the norm's per-token scale after the product.
 The KV cache is fixed: [layers][rows, kv_heads, positions, head_dim]. A call writes its keys and values
 at `positions` of `rows` first, then attends causally over the whole row (positions a row has not
 written are masked out), so prefill and decode are one function and every decode step has one shape.
@@ -57,13 +57,19 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     return y if b is None else y + b
 
 
-def rms_linear(x: torch.Tensor, eps: float, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """An RMS norm and the linear after it, the norm's weight folded into w's columns. A compiled
-    one-token step scales each row after the product (the same sum), so the loop over the weights reads
-    plain weights against plain x: nothing is multiplied per weight it streams."""
+def rms_linear(
+    x: torch.Tensor, eps: float, w: torch.Tensor, b: torch.Tensor | None = None, n: torch.Tensor | None = None
+) -> torch.Tensor:
+    """An RMS norm and the linear after it, the norm's weight folded into w's columns; or given apart as
+    n, for a tied head, whose matrix is the embedding too. A compiled one-token step scales each row after
+    the product (the same sum), so the loop over the weights multiplies nothing else per weight it reads
+    (but n, when given)."""
+    scale = rms_scale(x, eps)
+    if n is not None:
+        x = n * x
     if not compiled_decode(x):
-        return linear((x.float() * rms_scale(x, eps)).to(x.dtype), w, b)
-    y = (decode_product(x, w).float() * rms_scale(x, eps)).to(x.dtype)
+        return linear((x.float() * scale).to(x.dtype), w, b)
+    y = (decode_product(x, w).float() * scale).to(x.dtype)
     return y if b is None else y + b
 
 
@@ -188,7 +194,8 @@ def emit_op(op: Op) -> str:
         return f"{op.out} = rms_norm({args}, {op.attrs['eps']!r})"
     if op.kind == "rms_linear":
         x, *w = op.inputs
-        return f"{op.out} = rms_linear({x}, {op.attrs['eps']!r}, {', '.join(w)})"
+        norm = f", n={op.attrs['norm']}" if "norm" in op.attrs else ""
+        return f"{op.out} = rms_linear({x}, {op.attrs['eps']!r}, {', '.join(w)}{norm})"
     if op.kind == "split_heads":
         return f"{op.out} = split_heads({args}, {op.attrs['heads']})"
     if op.kind == "rotary":

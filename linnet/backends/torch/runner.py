@@ -23,7 +23,7 @@ from linnet.weight_cache import cache_root, cached_tensors
 from linnet.weights import TORCH_DTYPES, Weights
 
 MODES = ("eager", "inductor", "cudagraphs")
-_LAYOUT_VERSION = 4  # bump when prepare_weights changes, so cached conversions are not reused
+_LAYOUT_VERSION = 5  # bump when prepare_weights changes, so cached conversions are not reused
 
 
 def torch_program(spec: ModelSpec) -> Program:
@@ -32,8 +32,7 @@ def torch_program(spec: ModelSpec) -> Program:
 
 def prepare_weights(weights: Weights, program: Program, dtype: str) -> dict[str, torch.Tensor]:
     """The generated model's layout: run dtype, fused projections, norm weights folded into the matrices
-    after them (in float32, rounded once to the run dtype). A tied head the program did not fold is bound
-    to the embedding by the model; a folded one is a matrix of its own."""
+    after them (in float32, rounded once to the run dtype); a tied head is bound by the model."""
     target = TORCH_DTYPES[dtype]
     tensors = dict(weights)
     layers = [f"layers.{i}." for i in range(weights.spec.num_layers)]
@@ -42,9 +41,7 @@ def prepare_weights(weights: Weights, program: Program, dtype: str) -> dict[str,
             tensors[prefix + name] = torch.cat([tensors.pop(prefix + p) for p in parts])
     for section, name, norm in program.folded:
         for prefix in layers if section == "layer" else [""]:
-            key = prefix + name
-            matrix = tensors["embed"] if key == "lm_head" and key not in tensors else tensors[key]  # tied
-            tensors[key] = matrix.float() * tensors.pop(prefix + norm).float()
+            tensors[prefix + name] = tensors[prefix + name].float() * tensors.pop(prefix + norm).float()
     return {name: tensor.to(target).contiguous() for name, tensor in tensors.items()}
 
 

@@ -73,17 +73,22 @@ def test_compiled_directory_runs_without_linnet(checkpoint_dir, tmp_path):
 
 
 def test_norm_weights_are_folded_into_the_matrices(checkpoint_dir):
-    """A tied head becomes a matrix of its own (the embedding stays for the lookup); no norm weight is left."""
+    """Layer matrices and an untied head get their norm's weight; a tied head keeps the embedding's."""
     import torch
 
     from linnet.backends.torch.runner import prepare_weights
 
-    weights = open_model(str(checkpoint_dir("qwen2-tied"))).weights
-    program = torch_program(weights.spec)
-    tensors = prepare_weights(weights, program, "f32")
-    assert torch.equal(tensors["lm_head"], weights["embed"].float() * weights["norm"].float())
-    assert torch.equal(tensors["embed"], weights["embed"].float())
-    qkv = torch.cat([weights[f"layers.1.{p}"] for p in ("q", "k", "v")]).float()
-    assert torch.equal(tensors["layers.1.qkv"], qkv * weights["layers.1.attn_norm"].float())
-    assert not any(name.endswith(("attn_norm", "mlp_norm")) or name == "norm" for name in tensors)
-    assert "register_buffer(\"lm_head\", self.embed" not in generate_source(program)
+    for case, tied in (("qwen2-tied", True), ("qwen3-gqa3", False)):
+        weights = open_model(str(checkpoint_dir(case))).weights
+        program = torch_program(weights.spec)
+        tensors = prepare_weights(weights, program, "f32")
+        qkv = torch.cat([weights[f"layers.1.{p}"] for p in ("q", "k", "v")]).float()
+        assert torch.equal(tensors["layers.1.qkv"], qkv * weights["layers.1.attn_norm"].float())
+        assert not any(name.endswith(("attn_norm", "mlp_norm")) for name in tensors)
+        assert torch.equal(tensors["embed"], weights["embed"].float())
+        if tied:
+            assert "lm_head" not in tensors and "norm" in tensors
+            assert 'register_buffer("lm_head", self.embed' in generate_source(program)
+        else:
+            assert torch.equal(tensors["lm_head"], weights["lm_head"].float() * weights["norm"].float())
+            assert "norm" not in tensors
