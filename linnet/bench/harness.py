@@ -50,7 +50,8 @@ def run_bench(settings: Settings, log: Any = sys.stderr) -> Results:
     env = worker_environment(threads, settings.omp_wait_policy)
     if settings.interleave and env.get("OMP_WAIT_POLICY", "").upper() == "ACTIVE":
         raise LinnetError("interleaved runs need idle workers whose threads sleep: with OMP_WAIT_POLICY=ACTIVE "
-                          "they spin for minutes on the cores the running worker needs; run them in sequence")
+                          "they spin for minutes on the cores the running worker needs; "
+                          "run them in sequence (--sequential)")
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     load_average = [round(x, 2) for x in os.getloadavg()]
     order = sorted(settings.subjects, key=lambda s: s != REFERENCE)  # stable: the reference first
