@@ -240,7 +240,7 @@ def generate_source(program: Program) -> str:
         head_dim=spec.head_dim,
         theta=rope.theta,
         rope_scaling=scaling,
-        tie=_TIE if spec.tie_word_embeddings and ("head", "lm_head", "norm") not in program.folded else "",
+        tie=_TIE if spec.tie_word_embeddings else "",  # fold_norm_weights leaves a tied head unfolded
         layer_body=_body(program.layer, 4),
         embed_body=_body(program.embed, 8),
         head_body=_body(program.head, 8),
