@@ -110,6 +110,8 @@ class TorchRunner(Runner):
         return self.model(tokens, positions, rows, last_only)
 
     def _compile(self) -> None:
+        from linnet.backends.torch.loop_schedule import guided_loop_options  # imports inductor
+
         # No freezing: the decode products need no re-laid weights, the weights are not copied, and
         # inductor's on-disk graph cache (which freezing bypasses) makes later processes compile fast.
         def prefill(tokens, positions, rows, last_only):
@@ -125,8 +127,9 @@ class TorchRunner(Runner):
         self._prefill_fn = torch.compile(prefill)
         # realize_reads_threshold=1: a value that several loops read (a norm's output, the residual
         # stream) is written once instead of recomputed inside each product's inner loop; 6% per step.
-        self._decode_fn = torch.compile(decode, dynamic=False, fullgraph=True,
-                                        options={"realize_reads_threshold": 1})
+        # Guided loops: a slow or late thread takes fewer rows instead of holding up every barrier.
+        options = {"realize_reads_threshold": 1, **guided_loop_options()}
+        self._decode_fn = torch.compile(decode, dynamic=False, fullgraph=True, options=options)
 
     @torch.inference_mode()
     def _prefill(self, row: int, tokens: list[int], start: int, all_logits: bool) -> np.ndarray:
