@@ -110,7 +110,7 @@ class TorchRunner(Runner):
         return self.model(tokens, positions, rows, last_only)
 
     def _compile(self) -> None:
-        from linnet.backends.torch.loop_schedule import guided_loop_options  # imports inductor
+        from linnet.backends.torch.decode_compile import decode_compile_options  # imports inductor
 
         # No freezing: the decode products need no re-laid weights, the weights are not copied, and
         # inductor's on-disk graph cache (which freezing bypasses) makes later processes compile fast.
@@ -125,10 +125,7 @@ class TorchRunner(Runner):
         # dynamo caches per code object: other runners' graphs would count towards its recompile limit.
         prefill, decode = _own_code(prefill, id(self)), _own_code(decode, id(self))
         self._prefill_fn = torch.compile(prefill)
-        # realize_reads_threshold=1: a value that several loops read (a norm's output, the residual
-        # stream) is written once instead of recomputed inside each product's inner loop; 6% per step.
-        # Guided loops: a slow or late thread takes fewer rows instead of holding up every barrier.
-        options = {"realize_reads_threshold": 1, **guided_loop_options()}
+        options = decode_compile_options()  # keeps the weight-streaming loops lean; see decode_compile
         self._decode_fn = torch.compile(decode, dynamic=False, fullgraph=True, options=options)
 
     @torch.inference_mode()

@@ -7,7 +7,8 @@ Linear weights keep the checkpoint's [out, in] layout; q/k/v and gate/up are eac
 `gate_up`), read in one pass and split after. An RMS norm's weight is folded into the columns of the
 matrix after it (`rms_linear`), except a tied output head's, whose matrix is the embedding too.
 A compiled one-token step computes each product as a multiply-and-sum, which inductor turns into one
-loop streaming the weights at memory speed, and applies the norm's per-token scale after the product.
+loop streaming the weights at memory speed (Linnet compiles it with a pass that writes each product's
+input to a buffer first, so that the loop reads nothing else per weight).
 The KV cache is fixed: [layers][rows, kv_heads, positions, head_dim]. A call writes its keys and values
 at `positions` of `rows` first, then attends causally over the whole row (positions a row has not
 written are masked out), so prefill and decode are one function and every decode step has one shape.
@@ -58,16 +59,11 @@ def rms_linear(
     x: torch.Tensor, eps: float, w: torch.Tensor, b: torch.Tensor | None = None, n: torch.Tensor | None = None
 ) -> torch.Tensor:
     """An RMS norm and the linear after it, the norm's weight folded into w's columns; or given apart as
-    n, for a tied head, whose matrix is the embedding too. A compiled one-token step scales each row after
-    the product (the same sum), so the loop over the weights multiplies nothing else per weight it reads
-    (but n, when given)."""
+    n, for a tied head, whose matrix is the embedding too."""
     scale = rms_scale(x, eps)
     if n is not None:
         x = n * x
-    if not compiled_decode(x):
-        return linear((x.float() * scale).to(x.dtype), w, b)
-    y = (decode_product(x, w).float() * scale).to(x.dtype)
-    return y if b is None else y + b
+    return linear((x.float() * scale).to(x.dtype), w, b)
 
 
 def decode_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

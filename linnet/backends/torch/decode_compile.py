@@ -1,0 +1,103 @@
+"""How inductor compiles the one-token decode step.
+
+Decode reads every weight once per token, so the step runs as fast as its weight-streaming loops (one
+per product: a multiply-and-sum over [out, rows, in]) read memory. The options below keep those loops
+doing nothing but that, each measured in one process against the step without it (docs/BENCH.md):
+
+- `realize_reads_threshold=1`: a value that several loops read (the residual stream) is written once
+  instead of recomputed in each of them.
+- `DecodeStepPass` writes each product's input (the norm-scaled activation, times the norm's weight
+  for a tied head) to a buffer first; inductor would otherwise inline that pointwise work into the
+  product's inner loop, where it is redone for every row of the weights.
+- `-ffp-contract=fast`: each multiply-and-add of those loops is one fused instruction.
+- `schedule(guided)` on every work-shared loop: inductor writes `#pragma omp for`, which libgomp splits
+  statically, each thread an equal share, and the step waits at each loop's end for the slowest. On a
+  shared VM the threads are often not equal (a slower core, a thread woken late), so guided hands out
+  shrinking chunks, first come first served. Inductor has no setting for this, so one method of its
+  C++ code generator is wrapped (torch is pinned), acting only in compiles whose post-grad pass is a
+  `DecodeStepPass`. Parallel reductions keep the static schedule, whose fixed split keeps their sums
+  deterministic.
+
+The pass's uuid is in inductor's cache key, so a change here must change it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._inductor import config as inductor_config
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+aten = torch.ops.aten
+_VIEWS = {
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.alias.default,
+    aten.select.int, aten.slice.Tensor, aten.unsqueeze.default, aten.squeeze.dim,
+    aten.permute.default, aten.expand.default, aten.t.default, aten.transpose.int,
+}
+
+
+def _through_views(node: Any) -> Any:
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _VIEWS:
+        node = node.args[0]
+    return node
+
+
+def product_inputs(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The pointwise-computed activations that a multiply-and-sum with a graph input (a weight) reads
+    (a reduction's output, such as attention's, is a buffer already and keeps the layout it has)."""
+    found = []
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target != aten.sum.dim_IntList:
+            continue
+        mul = node.args[0]
+        if not (isinstance(mul, torch.fx.Node) and mul.target == aten.mul.Tensor):
+            continue
+        a, b = (_through_views(arg) for arg in mul.args)
+        for weight, activation in ((a, b), (b, a)):
+            if (isinstance(weight, torch.fx.Node) and weight.op == "placeholder"
+                    and isinstance(activation, torch.fx.Node) and activation.op == "call_function"
+                    and torch.Tag.pointwise in activation.target.tags and activation not in found):
+                found.append(activation)
+    return found
+
+
+class DecodeStepPass(CustomGraphPass):
+    """Post-grad pass: each product's input is realized (written to a buffer) before the product."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for node in product_inputs(graph):
+            node.meta["inductor_realize_to_strides"] = True  # lowering realizes such a node's value
+
+    def uuid(self) -> Any:
+        return "linnet-decode-step-2"
+
+
+DECODE_STEP_PASS = DecodeStepPass()
+
+
+def decode_compile_options() -> dict[str, Any]:
+    """torch.compile options for the decode step (installing the guided-loop wrapper once per process)."""
+    _install_guided_loops()
+    return {
+        "realize_reads_threshold": 1,
+        "post_grad_custom_post_pass": DECODE_STEP_PASS,
+        "cpp.enable_floating_point_contract_flag": "fast",
+    }
+
+
+def _install_guided_loops() -> None:
+    from torch._inductor.codegen.cpp import LoopLevel
+
+    if getattr(LoopLevel.lines, "_linnet_guided", False):
+        return
+    original = LoopLevel.lines
+
+    def lines(self: LoopLevel) -> list[str] | None:
+        out = original(self)
+        guided = isinstance(inductor_config.post_grad_custom_post_pass, DecodeStepPass)
+        if guided and out and not self.is_reduction and out[0].startswith("#pragma omp for"):
+            out = ["#pragma omp for schedule(guided)" + out[0][len("#pragma omp for"):], *out[1:]]
+        return out
+
+    lines._linnet_guided = True
+    LoopLevel.lines = lines

@@ -1,0 +1,83 @@
+"""The decode step's compile: each product's input realized before the product, guided loop schedules;
+other compiles keep inductor's defaults."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from linnet.backends import CacheShape, create_runner
+from linnet.backends.torch.decode_compile import decode_compile_options, product_inputs
+from linnet.model import open_model
+
+
+@pytest.fixture
+def two_threads_no_graph_cache():
+    """Two threads, so that inductor writes parallel loops; no on-disk graph cache, so that code is
+    generated here rather than read back."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        yield
+    torch.set_num_threads(threads)
+
+
+def scaled_product(x, w, n):
+    """A tied head's shape of work: x scaled per token and by n, then a multiply-and-sum with w."""
+    xs = n * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))
+    return (w * xs).sum(-1)
+
+
+def test_the_pass_finds_the_activation_a_weight_product_reads():
+    x, w, n = torch.randn(1, 64), torch.randn(512, 64), torch.randn(64)
+    graph = make_fx(scaled_product)(x, w, n).graph
+    [activation] = product_inputs(graph)
+    assert activation.op == "call_function" and activation.target == torch.ops.aten.mul.Tensor
+    assert activation is graph.find_nodes(op="call_function", target=torch.ops.aten.mul.Tensor)[-2]
+    # a product of two activations (attention's scores) reads no weight: nothing to realize
+    assert product_inputs(make_fx(lambda q, k: (q.exp() * k.exp()).sum(-1))(x, w).graph) == []
+
+
+def test_the_product_loop_reads_only_the_weights_and_a_realized_input(two_threads_no_graph_cache):
+    x, w, n = torch.randn(1, 64), torch.randn(4096, 64), torch.randn(64)
+    plain = torch.compile(scaled_product, options={"realize_reads_threshold": 1})
+    lean = torch.compile(scaled_product, options=decode_compile_options())
+    _, [plain_code] = run_and_get_code(plain, x, w, n)
+    out, [lean_code] = run_and_get_code(lean, x, w, n)
+    torch.testing.assert_close(out, scaled_product(x, w, n))
+    # without the pass, the scaling (a square root) is redone inside the loop over w's 4096 rows
+    assert plain_code.count("std::sqrt") == 1 and "std::sqrt" in _reduction_over_rows(plain_code)
+    assert "std::sqrt" not in _reduction_over_rows(lean_code)
+
+
+def _reduction_over_rows(code: str) -> str:
+    """The C++ of the loop over w's 4096 rows."""
+    start = code.index("x0<static_cast<int64_t>(4096L)")
+    return code[start:code.index("}\n        }\n", start)]
+
+
+def test_only_compiles_given_the_options_get_guided_loops(two_threads_no_graph_cache):
+    x, w = torch.randn(64), torch.randn(4096, 64)
+    guided = torch.compile(lambda x, w: (w * x).sum(-1).relu(), options=decode_compile_options())
+    plain = torch.compile(lambda x, w: (w * x).sum(-1).relu())
+    out, [guided_code] = run_and_get_code(guided, x, w)
+    _, [plain_code] = run_and_get_code(plain, x, w)
+    assert "#pragma omp for schedule(guided)" in guided_code
+    assert "#pragma omp for" in plain_code and "schedule(guided)" not in plain_code
+    torch.testing.assert_close(out, (w * x).sum(-1).relu())
+
+
+def test_the_decode_step_is_compiled_with_guided_loops(checkpoint_dir, two_threads_no_graph_cache):
+    runner = create_runner("torch:inductor", open_model(str(checkpoint_dir("qwen2-tied"))).weights,
+                           CacheShape(rows=2, positions=32))
+    runner.prefill(0, list(range(3, 10)))
+    _, codes = run_and_get_code(runner.decode, [5, 0])
+    [decode_code] = codes
+    assert decode_code.count("#pragma omp for schedule(guided)") > 0
+    # what stays static is a parallel reduction's loop (each thread sums into its own _local accumulator)
+    for static in re.finditer(r"#pragma omp for\n", decode_code):
+        region = decode_code[decode_code.rindex("#pragma omp parallel", 0, static.start()):static.start()]
+        assert "_local = " in region
