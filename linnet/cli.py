@@ -6,9 +6,9 @@ import importlib
 import os
 import sys
 
-# Before torch loads OpenMP: waiting threads sleep instead of spinning. On 2 busy cores spinning made
-# decoding 2-4x slower; on a quiet machine the policies measured within noise (docs/BENCH.md).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from linnet.openmp import set_default_policy
+
+set_default_policy(os.environ)  # before torch loads OpenMP: waiting threads spin briefly, then sleep
 
 from linnet.errors import LinnetError
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from linnet import openmp
 from linnet.bench import machine
 from linnet.bench.protocol import REFERENCE, ROW_NAMES, Job, random_prompt
 from linnet.errors import LinnetError
@@ -29,7 +30,7 @@ from linnet.registry.schema import Protocol
 from linnet.results import Against, Machine, Metric, Results, Row
 
 GROUP = "PyTorch"
-OMP_WAIT_POLICIES = ("passive", "active", "inherit")
+OMP_WAIT_POLICIES = (*openmp.POLICIES, "inherit")
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Settings:
     protocol: Protocol
     dtype: str = "f32"
     threads: int | None = None  # None: every core this process may use
-    omp_wait_policy: str = "passive"  # or "active", or "inherit" the caller's environment
+    omp_wait_policy: str = openmp.DEFAULT  # a policy of linnet.openmp, or "inherit" the caller's
     interleave: bool = True  # subjects take turns, one generation each; False: one subject after another
 
 
@@ -91,9 +92,7 @@ def run_bench(settings: Settings, log: Any = sys.stderr) -> Results:
 
 def worker_environment(threads: int, omp_wait_policy: str) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    if omp_wait_policy != "inherit":
-        env["OMP_WAIT_POLICY"] = omp_wait_policy.upper()
-    return env
+    return openmp.policy_environment(env, omp_wait_policy)
 
 
 class Worker:
@@ -191,11 +190,9 @@ def make_row(subject: str, r: dict[str, Any], distance: tuple[float, int] | None
         "peak_mem_gib": _metric([r["peak_memory"] / 2**30]),
     }
     before, after = r["load_average"]
-    policy = r["omp_wait_policy"]
     notes = [
         *r["notes"],
-        f"{r['threads']} thread{'s' * (r['threads'] != 1)}, "
-        + (f"OMP_WAIT_POLICY={policy}" if policy else "OMP_WAIT_POLICY unset"),
+        f"{r['threads']} thread{'s' * (r['threads'] != 1)}, {r['openmp']}",
         f"load average {before:.2f} before, {after:.2f} after",
         f"first generation {r['first_generation_s']:.3g} s",
         "runs interleaved with the other subjects'" if interleaved else "runs apart from the other subjects'",

@@ -21,6 +21,7 @@ from typing import IO, Any
 import numpy as np
 import torch
 
+from linnet import openmp
 from linnet.bench.protocol import CHECK_STEPS, LINNET_BACKENDS, PEERS, Job, Subject
 from linnet.errors import BackendUnavailable, LinnetError
 
@@ -69,7 +70,7 @@ def generation(subject: Subject, name: str, job: Job, first: bool) -> dict[str, 
 def serve(name: str, job: Job, commands: IO[str], load_only: bool = False) -> None:
     header = {
         "threads": torch.get_num_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "openmp": openmp.describe(os.environ),
         "accelerator": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from linnet import openmp
 from linnet.bench.harness import OMP_WAIT_POLICIES, Settings, run_bench
 from linnet.bench.protocol import LINNET_BACKENDS, PEERS
 from linnet.bench.table import format_results
@@ -28,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None, help="per worker (default: every core)")
-    parser.add_argument("--omp-wait-policy", default="passive", choices=OMP_WAIT_POLICIES,
-                        help="OMP_WAIT_POLICY for the workers (default: passive; inherit leaves it alone)")
+    parser.add_argument("--omp-wait-policy", default=openmp.DEFAULT, choices=OMP_WAIT_POLICIES,
+                        help="how the workers' OpenMP threads wait (default: brief, a short spin then sleep; "
+                             "inherit leaves the environment alone)")
     parser.add_argument("--sequential", action="store_true",
                         help="run each subject's generations together, not taking turns with the others")
     parser.add_argument("-o", "--output", help="write the results JSON here")
