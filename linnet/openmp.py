@@ -2,7 +2,7 @@
 
 A thread that waits at a barrier either spins (it wakes at once, but holds a core) or sleeps (another
 thread must wake it). Measured on this project's 2-core VMs (docs/BENCH.md): sleeping at once
-(`PASSIVE`) cost 12% of an inductor decode step on an Intel Xeon, whose ~330 barriers each waited
+(`PASSIVE`) cost 10-12% of an inductor decode step on an Intel Xeon, whose ~330 barriers each waited
 about 25 us for a woken thread; spinning without end (`ACTIVE`, or libgomp's default 300,000 spins)
 made decoding 2-4x slower while other processes wanted the cores. A brief spin, then sleep, measured
 as fast as spinning on the quiet machine and no slower than sleeping on the busy one.
