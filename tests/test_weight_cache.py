@@ -60,7 +60,8 @@ def _pmd_mapped_after_reverse_touch(path: Path) -> int:
 def test_a_file_just_converted_maps_with_huge_pages():
     # Written tensor by tensor (a model's many), the file would stay in the page cache in the small
     # folios of its writes: 0 of these 40 MB were huge-mapped without the drop after writing.
-    cached_tensors("huge-source", "huge-conversion", lambda: {f"w{i}": torch.randn(1 << 18) for i in range(40)})
+    tensors = {f"w{i}": torch.randn(1 << 18) for i in range(40)}
+    cached_tensors("huge-source", "huge-conversion", lambda: tensors)
     path = cached_path("huge-source", "huge-conversion")
     if reason := _large_folios_expected(path):
         pytest.skip(reason)

@@ -54,9 +54,10 @@ def product_inputs(graph: torch.fx.Graph) -> list[torch.fx.Node]:
             continue
         a, b = (_through_views(arg) for arg in mul.args)
         for weight, activation in ((a, b), (b, a)):
+            pointwise = torch.Tag.pointwise in getattr(getattr(activation, "target", None), "tags", ())
             if (isinstance(weight, torch.fx.Node) and weight.op == "placeholder"
                     and isinstance(activation, torch.fx.Node) and activation.op == "call_function"
-                    and torch.Tag.pointwise in activation.target.tags and activation not in found):
+                    and pointwise and activation not in found):
                 found.append(activation)
     return found
 

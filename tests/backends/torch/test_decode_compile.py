@@ -81,3 +81,10 @@ def test_the_decode_step_is_compiled_with_guided_loops(checkpoint_dir, two_threa
     for static in re.finditer(r"#pragma omp for\n", decode_code):
         region = decode_code[decode_code.rindex("#pragma omp parallel", 0, static.start()):static.start()]
         assert "_local = " in region
+
+
+def test_a_product_input_from_a_python_function_is_left_alone():
+    """operator.getitem (a split's part) has no op tags: not a pointwise op the pass realizes."""
+    x, w = torch.randn(1, 128), torch.randn(512, 64)
+    graph = make_fx(lambda x, w: (w * x.split(64, -1)[1]).sum(-1))(x, w).graph
+    assert product_inputs(graph) == []
