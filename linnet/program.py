@@ -166,11 +166,12 @@ def fold_norm_weights(program: Program) -> Program:
         for op in ops:
             if op.kind == "norm_linear":
                 x, n, w, *b = op.inputs
+                attrs = op.attrs
                 if tied and w == "w.lm_head":
-                    op = Op("rms_linear", op.out, (x, w, *b), {**op.attrs, "norm": n})
+                    attrs = {**attrs, "norm": n}
                 else:
                     folded.append((section, w.removeprefix("w."), n.removeprefix("w.")))
-                    op = Op("rms_linear", op.out, (x, w, *b), op.attrs)
+                op = Op("rms_linear", op.out, (x, w, *b), attrs)
             out.append(op)
         return tuple(out)
 

@@ -54,12 +54,16 @@ def product_inputs(graph: torch.fx.Graph) -> list[torch.fx.Node]:
             continue
         a, b = (_through_views(arg) for arg in mul.args)
         for weight, activation in ((a, b), (b, a)):
-            pointwise = torch.Tag.pointwise in getattr(getattr(activation, "target", None), "tags", ())
-            if (isinstance(weight, torch.fx.Node) and weight.op == "placeholder"
-                    and isinstance(activation, torch.fx.Node) and activation.op == "call_function"
-                    and pointwise and activation not in found):
+            is_weight = isinstance(weight, torch.fx.Node) and weight.op == "placeholder"
+            if is_weight and _is_pointwise(activation) and activation not in found:
                 found.append(activation)
     return found
+
+
+def _is_pointwise(node: Any) -> bool:
+    """A node computing a pointwise aten op (a Python function such as a split's getitem has no tags)."""
+    return (isinstance(node, torch.fx.Node) and node.op == "call_function"
+            and torch.Tag.pointwise in getattr(node.target, "tags", ()))
 
 
 class DecodeStepPass(CustomGraphPass):
