@@ -19,6 +19,11 @@ from linnet.errors import CacheFull, LinnetError
 from linnet.spec import ModelSpec
 
 
+def cache_positions(tokens: int, multiple: int = 128) -> int:
+    """A KV-cache length that holds ``tokens``, rounded up to ``multiple``."""
+    return -(-tokens // multiple) * multiple
+
+
 @dataclass(frozen=True)
 class CacheShape:
     rows: int = 1

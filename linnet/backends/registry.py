@@ -1,0 +1,118 @@
+"""The backend registry: every backend package declares itself here, and everything else reads it.
+
+A package's ``__init__`` defines ``PACKAGE``, a ``BackendPackage`` naming its modes, dtypes, availability
+check, runner class, ``compile --target`` writer and thread set-up, without importing its framework.
+The CLI, ``compile``, ``bench``, the site and the conformance tests read ``backends()``; benchmark rows
+are matched by a backend's ``id``, never by its display name. Adding a backend is one new package and
+one line in ``PACKAGES``.
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from linnet.errors import BackendUnavailable, LinnetError
+
+PACKAGES = (
+    "linnet.backends.reference",
+    "linnet.backends.torch",
+)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One runnable backend: a package in one mode (``torch:inductor``)."""
+
+    id: str  # the --backend name, and the stable id of its benchmark row
+    display: str  # the row's name on pages and tables
+    group: str  # the results group its row belongs to
+    dtypes: tuple[str, ...]
+    package: BackendPackage
+
+    @property
+    def mode(self) -> str:
+        return self.id.partition(":")[2]
+
+    def unavailable(self) -> str | None:
+        """Why this backend cannot run on this machine, or None when it can."""
+        return self.package.unavailable(self.mode)
+
+    def create(self, weights: Any, cache: Any, dtype: str = "f32") -> Any:
+        """A Runner (``linnet.backends.runner.Runner``) over ``weights`` with a KV cache of ``cache``."""
+        if dtype not in self.dtypes:
+            raise LinnetError(f"{self.id} does not run {dtype}; it runs {', '.join(self.dtypes)}")
+        reason = self.unavailable()
+        if reason:
+            raise BackendUnavailable(f"{self.id} cannot run here: {reason}")
+        return _load(self.package.runner)(weights, cache, dtype=dtype, mode=self.mode)
+
+
+@dataclass(frozen=True)
+class BackendPackage:
+    """What a backend package declares. Callables are ``"module:attribute"`` strings, imported on use."""
+
+    name: str  # "torch"
+    modes: tuple[tuple[str, str], ...]  # (mode, display name)
+    dtypes: tuple[str, ...]
+    group: str
+    runner: str  # Runner subclass, called as cls(weights, cache, dtype=, mode=)
+    check: str  # check(mode) -> None or the reason it cannot run here
+    compile_target: str | None = None  # writer(model, out_dir, dtype) for `linnet compile --target NAME`
+    threads: str | None = None  # set_threads(n) for its thread pool
+    benched: bool = True  # `linnet bench` runs it by default (the NumPy reference is for checking, not speed)
+
+    def unavailable(self, mode: str) -> str | None:
+        return _load(self.check)(mode)
+
+    def backends(self) -> tuple[Backend, ...]:
+        return tuple(Backend(f"{self.name}:{mode}", display, self.group, self.dtypes, self)
+                     for mode, display in self.modes)
+
+    def set_threads(self, n: int) -> None:
+        if self.threads:
+            _load(self.threads)(n)
+
+    def write(self, model: Any, out_dir: Any, dtype: str) -> list[str]:
+        """Write this package's compiled artifact; returns the files written."""
+        if not self.compile_target:
+            raise LinnetError(f"the {self.name} backend has nothing to write for `linnet compile`")
+        return _load(self.compile_target)(model, out_dir, dtype)
+
+
+def _load(target: str) -> Callable[..., Any]:
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@cache
+def packages() -> tuple[BackendPackage, ...]:
+    return tuple(importlib.import_module(name).PACKAGE for name in PACKAGES)
+
+
+def backends() -> tuple[Backend, ...]:
+    return tuple(b for p in packages() for b in p.backends())
+
+
+def backend_ids() -> tuple[str, ...]:
+    return tuple(b.id for b in backends())
+
+
+def benched_ids() -> tuple[str, ...]:
+    return tuple(b.id for b in backends() if b.package.benched)
+
+
+def get_backend(backend_id: str) -> Backend:
+    for b in backends():
+        if b.id == backend_id:
+            return b
+    raise LinnetError(f"unknown backend {backend_id!r}; choose from {', '.join(backend_ids())}")
+
+
+def get_package(name: str) -> BackendPackage:
+    for p in packages():
+        if p.name == name:
+            return p
+    raise LinnetError(f"no backend package {name!r}; choose from {', '.join(p.name for p in packages())}")

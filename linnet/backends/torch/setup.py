@@ -1,0 +1,21 @@
+"""Whether the torch backend can run here, and its thread pool."""
+from __future__ import annotations
+
+import importlib.util
+
+
+def unavailable(mode: str) -> str | None:
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed (pip install torch)"
+    if mode == "cudagraphs":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "CUDA graphs need a CUDA GPU, and none is available here"
+    return None
+
+
+def set_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
