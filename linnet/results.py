@@ -19,7 +19,7 @@ from typing import Any, Literal, NoReturn
 from linnet.errors import ResultsError
 from linnet.registry.schema import Protocol, Serving, check_protocol, parse
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: rows carry a stable id and whether they are Linnet's; comparisons name ids
 
 # Row groups, in page order.
 GROUPS = ("PyTorch", "JAX", "ONNX Runtime and TensorRT", "LLM engines", "Serving many requests")
@@ -57,17 +57,25 @@ class Against:
     show it as a change in percent rather than a speed-up.
     """
 
-    row: str
+    row: str  # the other row's id
     metric: str
     ratio: float
-    group: str | None = None  # the other row's group, where it is not this row's own
     export: bool = False
 
 
 @dataclass
 class Row:
+    """One subject's numbers. Code finds rows by ``id``; ``name`` is only shown.
+
+    Ids are stable across runs and renames: a Linnet backend's is its registry id (``torch:inductor``),
+    a peer's names its engine and variant (``transformers:compiled``, ``vllm``), and a serving row's names
+    what serves (``serve:torch:cudagraphs`` for linnet.serve, ``triton:vllm``).
+    """
+
+    id: str
     group: str
     name: str
+    linnet: bool = False  # runs Linnet's own code (a backend, linnet.serve), not another engine's
     metrics: dict[str, Metric] = field(default_factory=dict)
     # The largest absolute difference of its logits from the reference's, or why there is none.
     distance: float | Literal["reference", "not compared"] = "not compared"
@@ -103,8 +111,8 @@ class Results:
     provenance: str | None = None  # where the numbers come from, if not measured by this harness
     schema_version: int = SCHEMA_VERSION
 
-    def find(self, name: str, group: str) -> Row | None:
-        return next((r for r in self.rows if r.name == name and r.group == group), None)
+    def find(self, row_id: str) -> Row | None:
+        return next((r for r in self.rows if r.id == row_id), None)
 
 
 def validate(results: Results, where: str = "results") -> None:
@@ -120,14 +128,20 @@ def validate(results: Results, where: str = "results") -> None:
     except ValueError:
         fail("timestamp", f"{results.timestamp!r} is not an ISO 8601 date and time")
     check_protocol(results.protocol, where, "protocol", ResultsError)
-    seen = set()
+    ids: dict[str, int] = {}
+    names = set()
     for i, row in enumerate(results.rows):
-        path = f"rows[{i}] ({row.name})"
+        path = f"rows[{i}] ({row.id})"
+        if not row.id.strip():
+            fail(f"rows[{i}] ({row.name}).id", "empty: every row needs a stable id")
+        if row.id in ids:
+            fail(f"{path}.id", f"rows[{ids[row.id]}] has this id already")
+        ids[row.id] = i
         if row.group not in GROUPS:
             fail(f"{path}.group", f"{row.group!r} is not one of {', '.join(GROUPS)}")
-        if (row.group, row.name) in seen:
-            fail(f"{path}.name", f"a second row of that name in {row.group}")
-        seen.add((row.group, row.name))
+        if (row.group, row.name) in names:  # two rows a page could not tell apart
+            fail(f"{path}.name", f"a second row named {row.name!r} in {row.group}")
+        names.add((row.group, row.name))
         for key, metric in row.metrics.items():
             if key not in METRICS:
                 fail(f"{path}.metrics.{key}", f"unknown metric (known: {', '.join(METRICS)})")
@@ -144,14 +158,14 @@ def validate(results: Results, where: str = "results") -> None:
 
 def _check_against(results: Results, row: Row, path: str, fail: Callable[[str, str], NoReturn]) -> None:
     a = row.against
-    other = results.find(a.row, a.group or row.group)
+    other = results.find(a.row)
     if other is None:
-        fail(f"{path}.row", f"no row {a.row!r} in {a.group or row.group}")
+        fail(f"{path}.row", f"no row with id {a.row!r}")
     if a.metric not in METRICS:
         fail(f"{path}.metric", f"unknown metric {a.metric!r}")
     mine, theirs = row.value(a.metric), other.value(a.metric)
     if mine is None or theirs is None:
-        fail(f"{path}.metric", f"{a.metric} is missing from {row.name if mine is None else a.row}")
+        fail(f"{path}.metric", f"{a.metric} is missing from {row.id if mine is None else a.row}")
     better = theirs / mine if METRICS[a.metric] else mine / theirs
     if not math.isclose(a.ratio, better, rel_tol=RATIO_TOLERANCE):
         fail(f"{path}.ratio", f"{a.ratio} disagrees with the values ({better:.3f})")

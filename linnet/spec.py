@@ -10,10 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from linnet.dtypes import BY_HF, DTYPES
 from linnet.errors import UnsupportedModel
-
-DTYPES = ("f32", "f16", "bf16")
-_HF_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ class ModelSpec:
                 f"num_key_value_heads={self.num_kv_heads}"
             )
         if self.dtype not in DTYPES:
-            raise UnsupportedModel(f"unsupported dtype {self.dtype!r}; expected one of {DTYPES}")
+            raise UnsupportedModel(f"unsupported dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
 
     @property
     def family(self) -> str:
@@ -122,7 +120,7 @@ def spec_from_hf_config(config: dict[str, Any]) -> ModelSpec:
     eos = reader.get("eos_token_id", None)
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
     dtype = reader.get("dtype", None) or reader.get("torch_dtype", None) or "float32"
-    if dtype not in _HF_DTYPES:
+    if dtype not in BY_HF:
         raise UnsupportedModel(f"checkpoint dtype {dtype!r} is not supported")
     return ModelSpec(
         architecture=arch.name,
@@ -137,7 +135,7 @@ def spec_from_hf_config(config: dict[str, Any]) -> ModelSpec:
         rope=_rope_from_config(config),
         max_positions=reader.require("max_position_embeddings"),
         tie_word_embeddings=bool(reader.get("tie_word_embeddings", arch.tied_by_default)),
-        dtype=_HF_DTYPES[dtype],
+        dtype=BY_HF[dtype].name,
         bos_token_id=reader.get("bos_token_id", None),
         eos_token_ids=eos_ids,
         **arch.attention_flags(reader),

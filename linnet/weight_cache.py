@@ -1,9 +1,10 @@
 """Converted weights, stored once on disk and memory-mapped on every later load.
 
-A backend that wants another layout or dtype than the checkpoint's (transposed matrices, f16) pays the
-conversion once; the result is saved as safetensors under ``$LINNET_CACHE`` (default
-``~/.cache/linnet``), keyed by the source files' identity and the conversion's name. The file is kept
-in the page cache as 2 MB folios where the kernel allows it, so that every process maps it with huge pages.
+A conversion (GGUF dequantised, a backend's weight plan) is paid once; the result is saved as safetensors
+under ``$LINNET_CACHE`` (default ``~/.cache/linnet``), keyed by the source files' identity and the
+conversion: what it does and the source text of the code that does it, so that changed code never
+reuses an old result. The file is kept in the page cache as 2 MB folios where the kernel allows it, so
+that every process maps it with huge pages.
 """
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
-import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
+import numpy as np
+from safetensors.numpy import save_file
+
+from linnet.files import atomic_write, map_safetensors
 
 
 def cache_root() -> Path:
@@ -74,32 +77,32 @@ def source_identity(paths: list[Path]) -> str:
     return "|".join(parts)
 
 
-def cached_path(source: str, conversion: str) -> Path:
-    """Where ``source`` converted by ``conversion`` is kept."""
-    key = hashlib.sha256(f"{source}\n{conversion}".encode()).hexdigest()[:24]
-    return cache_root() / f"{key}.safetensors"
+def code_identity(*modules: ModuleType) -> str:
+    """A digest of the modules' source files: a conversion's key changes whenever its code does."""
+    digest = hashlib.sha256()
+    for module in modules:
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:16]
 
 
-def cached_tensors(
-    source: str | None, conversion: str, build: Callable[[], dict[str, torch.Tensor]]
-) -> dict[str, torch.Tensor]:
-    """``build()``'s tensors, from the disk cache when this source was converted this way before."""
+def cached_path(source: str, key: str) -> Path:
+    """Where ``source`` converted as ``key`` says is kept."""
+    digest = hashlib.sha256(f"{source}\n{key}".encode()).hexdigest()[:24]
+    return cache_root() / f"{digest}.safetensors"
+
+
+def cached_arrays(
+    source: str | None, key: str, build: Callable[[], dict[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """``build()``'s arrays, mapped read-only from the disk cache when ``source`` was converted as ``key``
+    says before; ``source`` None (weights made in memory) or ``LINNET_CACHE=off``: built, not kept."""
     if source is None or os.environ.get("LINNET_CACHE") == "off":
         return build()
-    path = cached_path(source, conversion)
+    path = cached_path(source, key)
     if not path.is_file():
-        tensors = {name: t.contiguous() for name, t in build().items()}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        os.close(fd)
-        try:
-            save_file(tensors, tmp, metadata={"source": source[:1000], "conversion": conversion})
-            os.replace(tmp, path)  # a crash mid-write never leaves a half file under the real name
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        del tensors
+        arrays = {name: np.ascontiguousarray(a) for name, a in build().items()}
+        atomic_write(path, lambda tmp: save_file(arrays, tmp, metadata={"source": source[:1000], "key": key}))
+        del arrays
         drop_from_page_cache(path)
     settle_in_huge_pages(path)
-    with safe_open(str(path), framework="pt") as f:
-        return {name: f.get_tensor(name) for name in f.keys()}
+    return map_safetensors(path)

@@ -47,6 +47,7 @@ CASES = [
 ]
 
 CASES_BY_ID = {case.id: case for case in CASES}
+CASE_IDS = [case.id for case in CASES]
 
 
 def hf_config(case: Case) -> dict[str, Any]:

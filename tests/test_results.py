@@ -39,14 +39,14 @@ def test_save_then_load_is_the_same(tmp_path: Path):
 
 def test_save_refuses_an_invalid_run(tmp_path: Path):
     results = load_results(QWEN25)
-    results.rows.append(Row(group="Elsewhere", name="x"))
+    results.rows.append(Row(id="x", group="Elsewhere", name="x"))
     with pytest.raises(ResultsError, match=r"rows\[26\] \(x\)\.group"):
         save_results(results, tmp_path / "r.json")
     assert not (tmp_path / "r.json").exists()
 
 
-def _row(data: dict, name: str, group: str | None = None) -> dict:
-    return next(r for r in data["rows"] if r["name"] == name and group in (None, r["group"]))
+def _row(data: dict, row_id: str) -> dict:
+    return next(r for r in data["rows"] if r["id"] == row_id)
 
 
 def _set(path: str, value):
@@ -61,13 +61,13 @@ def _set(path: str, value):
     return change
 
 
-def _on_row(name: str, change):
-    return lambda data: change(_row(data, name))
+def _on_row(row_id: str, change):
+    return lambda data: change(_row(data, row_id))
 
 
 BROKEN = [
     # (how to break the file, the field path the message must name, what it must say)
-    (_set("schema_version", 2), "schema_version", "reads version 1, not 2"),
+    (_set("schema_version", 1), "schema_version", "reads version 2, not 1"),
     (_set("model", KeyError), "model", "missing"),
     (_set("timestamp", "2026-09-28T17:31:05"), "timestamp", "no UTC offset"),
     (_set("timestamp", "yesterday"), "timestamp", "not an ISO 8601"),
@@ -84,13 +84,20 @@ BROKEN = [
      "expected a number"),
     (_on_row("transformers", _set("distance", "far")), "rows[0].distance", "'reference', 'not compared'"),
     (_on_row("transformers", _set("not_run", "no GPU")), "rows[0] (transformers).not_run", "no metrics"),
-    (_on_row("Linnet, inductor", _set("against.row", "transformers, eager")), "rows[3] (Linnet, inductor).against.row",
-     "no row 'transformers, eager' in PyTorch"),
-    (_on_row("Linnet, inductor", _set("against.ratio", 3.0)), "rows[3] (Linnet, inductor).against.ratio",
+    (_on_row("torch:inductor", _set("against.row", "transformers, compiled")), "rows[3] (torch:inductor).against.row",
+     "no row with id 'transformers, compiled'"),  # a row's shown name is not its id
+    (_on_row("torch:inductor", _set("against.ratio", 3.0)), "rows[3] (torch:inductor).against.ratio",
      "disagrees with the values"),
-    (_on_row("Linnet, inductor", _set("against.metric", "serve_tok_s")), "rows[3] (Linnet, inductor).against.metric",
+    (_on_row("torch:inductor", _set("against.metric", "serve_tok_s")), "rows[3] (torch:inductor).against.metric",
      "missing"),
-    (lambda d: d["rows"].append(copy.deepcopy(d["rows"][0])), "rows[26] (transformers).name", "a second row"),
+    # Every row has an id, unique in its file: rows are found by id, never by the name shown.
+    (_on_row("torch:inductor", _set("id", KeyError)), "rows[3].id", "missing"),
+    (_on_row("torch:inductor", _set("id", " ")), "rows[3] (Linnet, inductor).id", "empty"),
+    (_on_row("torch:inductor", _set("id", "torch:eager")), "rows[3] (torch:eager).id", "rows[2] has this id already"),
+    (lambda d: d["rows"].append(copy.deepcopy(d["rows"][0])), "rows[26] (transformers).id",
+     "rows[0] has this id already"),
+    (_on_row("torch:inductor", _set("name", "Linnet, generated PyTorch")), "rows[3] (torch:inductor).name",
+     "a second row named 'Linnet, generated PyTorch' in PyTorch"),
 ]
 
 
@@ -114,8 +121,21 @@ def test_not_json(tmp_path: Path):
 
 def test_a_row_not_run_and_an_export_comparison():
     data = to_data(load_results(QWEN25))
-    data["rows"].append({"group": "LLM engines", "name": "SGLang", "not_run": "needs CUDA 13"})
+    data["rows"].append({"id": "sglang", "group": "LLM engines", "name": "SGLang", "not_run": "needs CUDA 13"})
     results = from_data(data)
-    assert results.rows[-1].not_run == "needs CUDA 13" and results.rows[-1].distance == "not compared"
-    export = results.find("vLLM on Linnet's export", "LLM engines")
-    assert export.against == Against(row="vLLM", metric="decode_tok_s", ratio=0.721, export=True)
+    sglang = results.find("sglang")
+    assert sglang.not_run == "needs CUDA 13" and sglang.distance == "not compared" and not sglang.linnet
+    export = results.find("vllm:linnet-export")
+    assert export.name == "vLLM on Linnet's export" and not export.linnet
+    assert export.against == Against(row="vllm", metric="decode_tok_s", ratio=0.721, export=True)
+
+
+def test_bundled_rows_have_stable_ids():
+    """Linnet's PyTorch rows are the torch backends' registry ids; peers and serving rows name their engine."""
+    for path in BUNDLED:
+        rows = load_results(path).rows
+        assert [r.id for r in rows if r.group == "PyTorch"] == [
+            "transformers", "transformers:compiled", "torch:eager", "torch:inductor", "torch:cudagraphs"]
+        assert {r.id for r in rows if r.linnet and r.group == "Serving many requests"} == {
+            "serve:torch:cudagraphs", "serve:jax", "serve:onnx", "triton:linnet"}
+        assert not any(r.linnet for r in rows if r.group == "LLM engines")

@@ -2,29 +2,62 @@
 from __future__ import annotations
 
 import mmap
-import os
 import platform
 from pathlib import Path
 
+import ml_dtypes
+import numpy as np
 import pytest
-import torch
 
+from linnet import weight_cache
+from linnet.errors import LinnetError
 from linnet.weight_cache import (
-    HUGE_PAGE, cached_path, cached_tensors, drop_from_page_cache, settle_in_huge_pages,
+    HUGE_PAGE, cached_arrays, cached_path, drop_from_page_cache, settle_in_huge_pages,
 )
 
 
 def test_built_once_then_mapped():
     calls = []
+    built = {"w": np.arange(12.0, dtype=np.float32).reshape(3, 4), "b": np.arange(5).astype(ml_dtypes.bfloat16)}
 
     def build():
         calls.append(1)
-        return {"w": torch.arange(12.0).view(3, 4)}
+        return built
 
-    first = cached_tensors("some-source", "some-conversion", build)
-    again = cached_tensors("some-source", "some-conversion", build)
+    first = cached_arrays("some-source", "some-conversion", build)
+    again = cached_arrays("some-source", "some-conversion", build)
     assert calls == [1]
-    assert torch.equal(first["w"], again["w"])
+    for name, array in built.items():
+        assert first[name].dtype == again[name].dtype == array.dtype
+        np.testing.assert_array_equal(again[name], array)
+    assert not again["w"].flags.writeable  # mapped from the file, read-only
+
+
+def test_nothing_kept_without_a_source_or_with_the_cache_off(monkeypatch):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return {"w": np.ones(3, np.float32)}
+
+    cached_arrays(None, "in-memory", build)
+    cached_arrays(None, "in-memory", build)
+    monkeypatch.setenv("LINNET_CACHE", "off")
+    cached_arrays("off-source", "off-conversion", build)
+    cached_arrays("off-source", "off-conversion", build)
+    assert calls == [1, 1, 1, 1]
+
+
+def test_a_failed_write_leaves_nothing(monkeypatch):
+    def full_disk(arrays, path, metadata):
+        Path(path).write_bytes(b"half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(weight_cache, "save_file", full_disk)
+    with pytest.raises(LinnetError, match="cannot write to .*: No space left on device"):
+        cached_arrays("full-source", "full-conversion", lambda: {"w": np.ones(3, np.float32)})
+    path = cached_path("full-source", "full-conversion")
+    assert not path.exists() and not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
 
 
 def _large_folios_expected(path: Path) -> str | None:
@@ -60,8 +93,9 @@ def _pmd_mapped_after_reverse_touch(path: Path) -> int:
 def test_a_file_just_converted_maps_with_huge_pages():
     # Written tensor by tensor (a model's many), the file would stay in the page cache in the small
     # folios of its writes: 0 of these 40 MB were huge-mapped without the drop after writing.
-    tensors = {f"w{i}": torch.randn(1 << 18) for i in range(40)}
-    cached_tensors("huge-source", "huge-conversion", lambda: tensors)
+    rng = np.random.default_rng(0)
+    arrays = {f"w{i}": rng.standard_normal(1 << 18, np.float32) for i in range(40)}
+    cached_arrays("huge-source", "huge-conversion", lambda: arrays)
     path = cached_path("huge-source", "huge-conversion")
     if reason := _large_folios_expected(path):
         pytest.skip(reason)
@@ -70,7 +104,7 @@ def test_a_file_just_converted_maps_with_huge_pages():
 
 
 def test_settled_file_maps_with_huge_pages():
-    cached_tensors("settle-source", "settle-conversion", lambda: {"w": torch.randn(6 * HUGE_PAGE // 4)})
+    cached_arrays("settle-source", "settle-conversion", lambda: {"w": np.ones(6 * HUGE_PAGE // 4, np.float32)})
     path = cached_path("settle-source", "settle-conversion")
     if reason := _large_folios_expected(path):
         pytest.skip(reason)

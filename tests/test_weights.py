@@ -1,11 +1,12 @@
-"""Weights: mmap from single and sharded safetensors, and errors that name the tensor."""
+"""Weights: NumPy arrays mapped from single and sharded safetensors, and errors that name the tensor."""
 from __future__ import annotations
 
 import json
 
+import ml_dtypes
+import numpy as np
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
+from safetensors.numpy import load_file, save_file
 
 from linnet.errors import WeightError
 from linnet.model import open_model
@@ -37,7 +38,22 @@ def test_sharded_equals_single(checkpoint_dir, tmp_path):
     spec = load_spec(tmp_path)
     sharded, single = load_safetensors(tmp_path, spec), load_safetensors(src, spec)
     assert set(sharded) == set(single)
-    assert all(torch.equal(sharded[k], single[k]) for k in single)
+    assert all(np.array_equal(sharded[k], single[k]) for k in single)
+
+
+def test_arrays_map_the_file_in_its_dtype(checkpoint_dir):
+    import torch
+    from safetensors.torch import load_file as load_torch
+
+    path = checkpoint_dir("qwen3-gqa3", "bfloat16")
+    weights = open_model(str(path)).weights
+    theirs = load_torch(path / "model.safetensors")
+    for name in ("embed", "layers.1.q_norm", "layers.0.down"):
+        array = weights[name]
+        assert array.dtype == ml_dtypes.bfloat16
+        assert not array.flags.writeable and not array.flags.owndata  # a view of the read-only map, no copy
+    hf = "model.layers.0.mlp.down_proj.weight"
+    np.testing.assert_array_equal(weights["layers.0.down"].view(np.int16), theirs[hf].view(torch.int16).numpy())
 
 
 def test_tied_checkpoint_has_no_separate_head(checkpoint_dir):
@@ -69,7 +85,15 @@ def test_truncated_safetensors_is_a_clear_error(checkpoint_dir, tmp_path):
     _copy_checkpoint(checkpoint_dir("llama-gqa3"), bad, lambda t: None)
     data = (bad / "model.safetensors").read_bytes()
     (bad / "model.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(WeightError, match="cannot read"):
+    with pytest.raises(WeightError, match="cannot read .*truncated"):
+        open_model(str(bad))
+
+
+def test_unsupported_dtype_is_named(checkpoint_dir, tmp_path):
+    bad = tmp_path / "bad"
+    name = "model.layers.0.self_attn.q_proj.weight"
+    _copy_checkpoint(checkpoint_dir("llama-gqa3"), bad, lambda t: t.update({name: t[name].astype(np.float64)}))
+    with pytest.raises(WeightError, match=rf"tensor '{name}' has dtype F64; Linnet reads F32, F16, BF16"):
         open_model(str(bad))
 
 

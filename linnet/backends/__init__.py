@@ -1,23 +1,19 @@
-"""Backends, named ``package:mode`` (``torch:eager``, ``torch:inductor``, ``torch:cudagraphs``).
+"""Backends, named ``package:mode`` (``torch:inductor``, ``reference:numpy``), declared in ``registry``.
 
 Each backend package turns the Linnet program into an artifact and a Runner; nothing above this seam
 knows which one it is using.
 """
 from __future__ import annotations
 
-from linnet.backends.runner import CacheShape, Runner
-from linnet.errors import LinnetError
-from linnet.weights import Weights
+from typing import Any
 
-BACKENDS = ("torch:eager", "torch:inductor", "torch:cudagraphs")
+from linnet.backends.registry import backend_ids, get_backend
+from linnet.backends.runner import CacheShape, Decode, Prefill, RowResult, Runner
 
 
-def create_runner(
-    backend: str, weights: Weights, cache: CacheShape = CacheShape(), dtype: str = "f32"
-) -> Runner:
-    package, _, mode = backend.partition(":")
-    if package == "torch":
-        from linnet.backends.torch.runner import TorchRunner
+def create_runner(backend: str, weights: Any, cache: CacheShape = CacheShape(), dtype: str = "f32") -> Runner:
+    """A runner of ``backend`` (a registry id) over ``weights``, with a KV cache of ``cache``."""
+    return get_backend(backend).create(weights, cache, dtype)
 
-        return TorchRunner(weights, cache, dtype=dtype, mode=mode or "eager")
-    raise LinnetError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+
+__all__ = ["CacheShape", "Decode", "Prefill", "RowResult", "Runner", "backend_ids", "create_runner"]

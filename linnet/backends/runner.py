@@ -1,22 +1,33 @@
 """The Runner contract: the seam that generation, serving and benchmarks stand on.
 
-A runner owns weights and a KV cache of ``rows x positions``. ``prefill`` fills one row from a start
-position; ``decode`` advances every row by one token in a single fixed-shape call. Position ``p`` of a
-row is always written before any query reads it, so stale or garbage entries past a row's length are
-harmless and ``reset`` needs no clearing, only bookkeeping.
+A runner owns weights and a KV cache of ``rows x positions``. Its one batched call is ``step``: any mix
+of prefill chunks ``(row, tokens, start)`` and one-token decode rows ``(row, token)``, with sampling per
+row, returning a token id per row, sampled where the model runs (logits only on request). A row whose
+tokens would not fit its cache, or name ids outside the vocabulary, gets that status and the others
+proceed. ``prefill``, ``decode`` and ``generate`` are thin wrappers for one request.
+
+Backends implement the array hooks (``_forward`` and, where arrays are not NumPy's, ``_stack``,
+``_to_host``, ``_sample``, ``_new_rng``). Shapes stay fixed: every decode call runs all cache rows with
+one token each (idle rows write a scratch position past the last real one, which no real query reads),
+and prefill runs in chunks of at most ``prefill_chunk`` tokens, so compiled backends compile once.
+Position ``p`` of a row is always written before any query reads it, so ``reset`` needs no clearing.
 """
 from __future__ import annotations
 
 import resource
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from linnet.errors import CacheFull, LinnetError
+from linnet.errors import CacheFull, LinnetError, TokenError
+from linnet.sampling import Sampling, sample_host
 from linnet.spec import ModelSpec
+
+OK, CACHE_FULL, BAD_TOKENS = "ok", "cache_full", "bad_tokens"
+GREEDY = Sampling()
 
 
 def cache_positions(tokens: int, multiple: int = 128) -> int:
@@ -30,10 +41,37 @@ class CacheShape:
     positions: int = 768
 
 
-class Runner(ABC):
-    """Backends implement ``_prefill`` and ``_decode``; this class checks every call's bounds."""
+@dataclass(frozen=True)
+class Prefill:
+    """Write ``tokens`` at ``start..`` of ``row``; then draw the next token, unless ``sample`` is False
+    (a chunk of a prompt that goes on in a later step)."""
 
+    row: int
+    tokens: Sequence[int]
+    start: int = 0
+    sample: bool = True
+
+
+@dataclass(frozen=True)
+class Decode:
+    """Write ``token`` at the row's next position and draw the next token."""
+
+    row: int
+    token: int
+
+
+@dataclass
+class RowResult:
+    row: int
+    status: str = OK  # OK, CACHE_FULL or BAD_TOKENS (then ``message`` says why and nothing was written)
+    token: int | None = None
+    logits: np.ndarray | None = None  # [vocab] float32, when the step was asked for logits
+    message: str = ""
+
+
+class Runner(ABC):
     name: str = "runner"
+    prefill_chunk: int = 256  # the most tokens of one row a single model call takes
 
     def __init__(self, spec: ModelSpec, cache: CacheShape):
         if cache.rows < 1 or cache.positions < 2:
@@ -42,43 +80,84 @@ class Runner(ABC):
         self.cache = cache
         self.lengths = [0] * cache.rows  # tokens held by each row
         self.load_time = 0.0
+        self._samplers: dict[int, tuple[Sampling, Any]] = {}  # row -> its sampling and random state
 
     # -- the contract -------------------------------------------------------------------------
+    def step(
+        self,
+        prefill: Sequence[Prefill] = (),
+        decode: Sequence[Decode] = (),
+        sampling: Mapping[int, Sampling] | None = None,
+        logits: bool = False,
+    ) -> dict[int, RowResult]:
+        """One batched step; a result per row named. Rows without a ``sampling`` entry are greedy."""
+        sampling = sampling or {}
+        rows = [e.row for e in (*prefill, *decode)]
+        for row in rows:
+            self._check_row(row)
+        if len(set(rows)) != len(rows):
+            raise LinnetError(f"a row may appear once per step, got rows {rows}")
+        results: dict[int, RowResult] = {}
+        ready_prefill, ready_decode = [], []
+        for entry in (*prefill, *decode):
+            try:
+                if isinstance(entry, Prefill):
+                    self._check_prefill(entry.row, entry.tokens, entry.start)
+                    ready_prefill.append(entry)
+                else:
+                    self._check_fits(self.lengths[entry.row] + 1)
+                    self._check_tokens([entry.token])
+                    ready_decode.append(entry)
+                results[entry.row] = RowResult(entry.row)
+            except (CacheFull, TokenError) as e:
+                status = CACHE_FULL if isinstance(e, CacheFull) else BAD_TOKENS
+                results[entry.row] = RowResult(entry.row, status, message=str(e))
+
+        picks: list[tuple[int, Any, int]] = []  # (row, logits array [R, 1, vocab], its index in R)
+        for p in ready_prefill:
+            if p.start == 0:
+                self._samplers.pop(p.row, None)  # a new request: a fresh random stream
+            out = self._prefill_row(p.row, list(p.tokens), p.start, all_logits=False)
+            self.lengths[p.row] = p.start + len(p.tokens)
+            if p.sample:
+                picks.append((p.row, out, 0))
+        if ready_decode:
+            out = self._decode_rows({d.row: d.token for d in ready_decode})
+            picks += [(d.row, out, d.row) for d in ready_decode]
+        if picks:
+            stacked = self._stack([(array, index) for _, array, index in picks])
+            states = [self._sampler(row, sampling.get(row, GREEDY)) for row, _, _ in picks]
+            tokens = self._sample(stacked, states)
+            host = self._to_host(stacked) if logits else None
+            for i, (row, _, _) in enumerate(picks):
+                results[row].token = int(tokens[i])
+                if host is not None:
+                    results[row].logits = host[i]
+        return results
+
     def prefill(self, row: int, tokens: Sequence[int], start: int = 0, all_logits: bool = False) -> np.ndarray:
         """Write ``tokens`` at ``start..`` of ``row``; logits of the last position (or of every one)."""
         self._check_row(row)
-        if not tokens:
-            raise LinnetError("prefill needs at least one token")
-        if start > self.lengths[row]:
-            raise LinnetError(f"prefill at position {start} leaves a gap: row {row} holds {self.lengths[row]}")
-        self._check_fits(start + len(tokens))
-        self._check_tokens(tokens)
-        logits = self._prefill(row, list(tokens), start, all_logits)
+        self._check_prefill(row, tokens, start)
+        out = self._prefill_row(row, list(tokens), start, all_logits)
         self.lengths[row] = start + len(tokens)
-        return logits
+        return out if all_logits else self._to_host(out)[0, 0]
 
     def decode(self, tokens: Sequence[int], active: Sequence[bool] | None = None) -> np.ndarray:
         """One token for every row (inactive rows' tokens are ignored); logits ``[rows, vocab]``."""
         if len(tokens) != self.cache.rows:
             raise LinnetError(f"decode takes one token per cache row ({self.cache.rows}), got {len(tokens)}")
         active = [True] * self.cache.rows if active is None else list(active)
-        positions = []
-        for row, on in enumerate(active):
-            if on:
-                self._check_fits(self.lengths[row] + 1)
-            # An inactive row writes garbage at its next free position, which is written again before it is read.
-            positions.append(min(self.lengths[row], self.cache.positions - 1))
-        self._check_tokens([t for t, on in zip(tokens, active) if on])
-        tokens = [t if on else 0 for t, on in zip(tokens, active)]
-        logits = self._decode(tokens, positions)
-        for row, on in enumerate(active):
-            if on:
-                self.lengths[row] += 1
-        return logits
+        rows = {row: token for row, (token, on) in enumerate(zip(tokens, active)) if on}
+        for row, token in rows.items():
+            self._check_fits(self.lengths[row] + 1)
+        self._check_tokens(list(rows.values()))
+        return self._to_host(self._decode_rows(rows))[:, 0]
 
     def reset(self, row: int) -> None:
         self._check_row(row)
         self.lengths[row] = 0
+        self._samplers.pop(row, None)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "rows": self.cache.rows, "positions": self.cache.positions}
@@ -89,15 +168,75 @@ class Runner(ABC):
 
     # -- backends ------------------------------------------------------------------------------
     @abstractmethod
-    def _prefill(self, row: int, tokens: list[int], start: int, all_logits: bool) -> np.ndarray: ...
+    def _forward(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray | None) -> Any:
+        """The Program's step (``linnet.program``) on int64 ``tokens``/``positions`` [R, T], ``rows`` [R],
+        ``select`` [R, S] (None: every token). Updates the cache; returns the logits [R, S, vocab] f32 as
+        the backend's array, on its device."""
 
-    @abstractmethod
-    def _decode(self, tokens: list[int], positions: list[int]) -> np.ndarray: ...
+    def _stack(self, picks: list[tuple[Any, int]]) -> Any:
+        """[N, vocab]: row ``index``, selected token 0, of each logits array."""
+        return np.stack([np.asarray(array)[index, 0] for array, index in picks])
+
+    def _to_host(self, array: Any) -> np.ndarray:
+        return np.asarray(array, dtype=np.float32)
+
+    def _new_rng(self, seed: int | None) -> Any:
+        return np.random.default_rng(seed)
+
+    def _sample(self, logits: Any, samplers: list[tuple[Sampling, Any]]) -> list[int]:
+        """A token id per row of ``logits`` [N, vocab]; only the ids need leave the device. This default
+        is for host arrays (NumPy); device backends draw on the device."""
+        return [sample_host(row, sampling, rng) for row, (sampling, rng) in zip(np.asarray(logits), samplers)]
+
+    # -- the wrappers' common parts --------------------------------------------------------------
+    @property
+    def scratch_position(self) -> int:
+        """Where idle rows write: one position past the last real one (backends allocate positions + 1)."""
+        return self.cache.positions
+
+    def _prefill_row(self, row: int, tokens: list[int], start: int, all_logits: bool) -> Any:
+        """Chunks of at most ``prefill_chunk`` tokens; the last chunk's logits (all, on the host, if asked)."""
+        every, out = [], None
+        for at in range(0, len(tokens), self.prefill_chunk):
+            chunk = tokens[at:at + self.prefill_chunk]
+            positions = np.arange(start + at, start + at + len(chunk), dtype=np.int64)[None]
+            select = None if all_logits else np.array([[len(chunk) - 1]], dtype=np.int64)
+            out = self._forward(np.array([chunk], dtype=np.int64), positions, np.array([row], dtype=np.int64), select)
+            if all_logits:
+                every.append(self._to_host(out)[0])
+        return np.concatenate(every) if all_logits else out
+
+    def _decode_rows(self, tokens_by_row: dict[int, int]) -> Any:
+        """Every cache row in one call: the given rows advance one token, the others write the scratch."""
+        rows = self.cache.rows
+        tokens = np.zeros((rows, 1), dtype=np.int64)
+        positions = np.full((rows, 1), self.scratch_position, dtype=np.int64)
+        for row, token in tokens_by_row.items():
+            tokens[row, 0], positions[row, 0] = token, self.lengths[row]
+        out = self._forward(tokens, positions, np.arange(rows, dtype=np.int64), None)
+        for row in tokens_by_row:
+            self.lengths[row] += 1
+        return out
+
+    def _sampler(self, row: int, sampling: Sampling) -> tuple[Sampling, Any]:
+        """The row's random stream, kept from step to step while its sampling stays the same."""
+        kept = self._samplers.get(row)
+        if kept is None or kept[0] != sampling:
+            kept = self._samplers[row] = (sampling, self._new_rng(sampling.seed))
+        return kept
 
     # -- checks --------------------------------------------------------------------------------
     def _check_row(self, row: int) -> None:
         if not 0 <= row < self.cache.rows:
             raise LinnetError(f"row {row} is outside the cache's {self.cache.rows} rows")
+
+    def _check_prefill(self, row: int, tokens: Sequence[int], start: int) -> None:
+        if not tokens:
+            raise LinnetError("prefill needs at least one token")
+        if not 0 <= start <= self.lengths[row]:
+            raise LinnetError(f"prefill at position {start} leaves a gap: row {row} holds {self.lengths[row]}")
+        self._check_fits(start + len(tokens))
+        self._check_tokens(tokens)
 
     def _check_fits(self, length: int) -> None:
         if length > self.cache.positions:
@@ -109,4 +248,4 @@ class Runner(ABC):
     def _check_tokens(self, tokens: Sequence[int]) -> None:
         bad = [t for t in tokens if not 0 <= t < self.spec.vocab_size]
         if bad:
-            raise LinnetError(f"token ids {bad[:5]} are outside the vocabulary of {self.spec.vocab_size}")
+            raise TokenError(f"token ids {bad[:5]} are outside the vocabulary of {self.spec.vocab_size}")

@@ -1,4 +1,4 @@
-"""Linnet's own backends as bench subjects, driven through the Runner contract only."""
+"""Linnet's own backends as bench subjects, any of the registry's, driven through the Runner contract only."""
 from __future__ import annotations
 
 import importlib
@@ -6,25 +6,37 @@ import time
 
 import numpy as np
 
-from linnet.backends import CacheShape, create_runner
-from linnet.bench.protocol import Generation, Job, Subject, cache_positions
+from linnet.backends.registry import Backend
+from linnet.backends.runner import CacheShape, cache_positions
+from linnet.bench.protocol import Job, Subject, TimedGeneration
+from linnet.errors import BackendUnavailable
 from linnet.model import open_model
+
+# Libraries a backend's load would import (seconds) inside the load clock; imported first, untimed, as all are.
+UNTIMED_IMPORTS = {
+    "torch:inductor": ("torch._dynamo", "torch._inductor.compile_fx"),
+    "torch:cudagraphs": ("torch._dynamo", "torch._inductor.compile_fx"),
+}
 
 
 class LinnetSubject(Subject):
-    def __init__(self, backend: str, job: Job):
+    def __init__(self, backend: Backend, job: Job):
+        reason = backend.unavailable()
+        if reason is None and job.dtype not in backend.dtypes:
+            reason = f"{backend.id} does not run {job.dtype}; it runs {', '.join(backend.dtypes)}"
+        if reason:
+            raise BackendUnavailable(reason)  # a row "not run" with the reason, never an estimate
         self.backend, self.job = backend, job
-        if backend != "torch:eager":
-            for library in ("torch._dynamo", "torch._inductor.compile_fx"):  # imports (seconds): untimed, as all are
-                importlib.import_module(library)
+        for library in UNTIMED_IMPORTS.get(backend.id, ()):
+            importlib.import_module(library)
 
     def load(self) -> None:
         job = self.job
         model = open_model(job.model)
-        positions = cache_positions(job.protocol.prompt_tokens, job.protocol.new_tokens)
-        self.runner = create_runner(self.backend, model.weights, CacheShape(1, positions), job.dtype)
+        positions = cache_positions(job.protocol.prompt_tokens + job.protocol.new_tokens)
+        self.runner = self.backend.create(model.weights, CacheShape(1, positions), job.dtype)
 
-    def generate(self, prompt: list[int], new_tokens: int, record: int) -> Generation:
+    def generate(self, prompt: list[int], new_tokens: int, record: int) -> TimedGeneration:
         runner, kept = self.runner, []
 
         def pick(logits: np.ndarray) -> int:
@@ -39,7 +51,7 @@ class LinnetSubject(Subject):
         while len(tokens) < new_tokens:
             tokens.append(pick(runner.decode([tokens[-1]])[0]))
         end = time.perf_counter()
-        return Generation(first - start, end - first, tokens, np.stack(kept) if kept else None)
+        return TimedGeneration(first - start, end - first, tokens, np.stack(kept) if kept else None)
 
     def peak_memory(self) -> int:
         return self.runner.peak_memory()

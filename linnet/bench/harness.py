@@ -23,20 +23,20 @@ import numpy as np
 
 from linnet import openmp
 from linnet.bench import machine
-from linnet.bench.protocol import REFERENCE, ROW_NAMES, Job, random_prompt
+from linnet.bench.protocol import PEERS, REFERENCE, Job, empty_row, random_prompt
 from linnet.errors import LinnetError
-from linnet.model import open_model, resolve
+from linnet.model import resolve
 from linnet.registry.schema import Protocol
 from linnet.results import Against, Machine, Metric, Results, Row
+from linnet.spec import ModelSpec, load_spec
 
-GROUP = "PyTorch"
 OMP_WAIT_POLICIES = (*openmp.POLICIES, "inherit")
 
 
 @dataclass(frozen=True)
 class Settings:
     model: str  # a path or registry name
-    subjects: tuple[str, ...]  # Linnet backends and peers, in any order; the reference runs first
+    subjects: tuple[str, ...]  # registry backend ids and peers, in any order; the reference runs first
     protocol: Protocol
     dtype: str = "f32"
     threads: int | None = None  # None: every core this process may use
@@ -46,7 +46,7 @@ class Settings:
 
 def run_bench(settings: Settings, log: Any = sys.stderr) -> Results:
     path = resolve(settings.model)
-    spec = open_model(str(path)).spec
+    spec = read_spec(path)
     threads = settings.threads or machine.cores()
     env = worker_environment(threads, settings.omp_wait_policy)
     if settings.interleave and env.get("OMP_WAIT_POLICY", "").upper() == "ACTIVE":
@@ -88,6 +88,16 @@ def run_bench(settings: Settings, log: Any = sys.stderr) -> Results:
         protocol=settings.protocol,
         rows=rows,
     )
+
+
+def read_spec(path: Path) -> ModelSpec:
+    """Only the spec, for the vocabulary: the parent never loads the weights its workers measure."""
+    if path.suffix == ".gguf":
+        from linnet.gguf.format import GGUFFile
+        from linnet.gguf.reader import spec_from_gguf
+
+        return spec_from_gguf(GGUFFile(path))
+    return load_spec(path)
 
 
 def worker_environment(threads: int, omp_wait_policy: str) -> dict[str, str]:
@@ -180,17 +190,18 @@ def distance_from_reference(job: Job, subject: str, reports: dict[str, dict]) ->
 
 
 def make_row(subject: str, r: dict[str, Any], distance: tuple[float, int] | None, interleaved: bool) -> Row:
-    name = ROW_NAMES[subject]
+    row = empty_row(subject)
     if "not_run" in r:
-        return Row(GROUP, name, not_run=r["not_run"])
-    metrics = {
+        row.not_run = r["not_run"]
+        return row
+    row.metrics = {
         "ttft_ms": _metric([t * 1000 for t in r["ttft_s"]]),
         "decode_tok_s": _metric(r["decode_tok_s"]),
         "load_s": _metric([r["load_s"]]),
         "peak_mem_gib": _metric([r["peak_memory"] / 2**30]),
     }
     before, after = r["load_average"]
-    notes = [
+    row.notes = [
         *r["notes"],
         f"{r['threads']} thread{'s' * (r['threads'] != 1)}, {r['openmp']}",
         f"load average {before:.2f} before, {after:.2f} after",
@@ -198,13 +209,13 @@ def make_row(subject: str, r: dict[str, Any], distance: tuple[float, int] | None
         "runs interleaved with the other subjects'" if interleaved else "runs apart from the other subjects'",
     ]
     if subject == REFERENCE:
-        return Row(GROUP, name, metrics, distance="reference", notes=notes)
-    if distance is None:
-        return Row(GROUP, name, metrics, notes=notes)
-    value, steps = distance
-    if steps < len(r["tokens"]):
-        notes.append(f"greedy tokens differ from the reference's at step {steps}; distance over the steps before")
-    return Row(GROUP, name, metrics, distance=value, notes=notes)
+        row.distance = "reference"
+    elif distance is not None:
+        row.distance, steps = distance
+        if steps < len(r["tokens"]):
+            row.notes.append(f"greedy tokens differ from the reference's at step {steps}; "
+                             "distance over the steps before")
+    return row
 
 
 def _metric(samples: list[float]) -> Metric:
@@ -212,11 +223,11 @@ def _metric(samples: list[float]) -> Metric:
 
 
 def add_comparisons(rows: list[Row]) -> None:
-    """Each Linnet row against the faster transformers row of this same run, on decode speed."""
-    peers = [r for r in rows if r.name.startswith("transformers") and r.not_run is None]
+    """Each Linnet row against the faster peer of this same run, on decode speed."""
+    peers = [r for r in rows if r.id in PEERS and r.not_run is None]
     if not peers:
         return
     best = max(peers, key=lambda r: r.value("decode_tok_s"))
     for row in rows:
-        if row.name.startswith("Linnet") and row.not_run is None:
-            row.against = Against(best.name, "decode_tok_s", row.value("decode_tok_s") / best.value("decode_tok_s"))
+        if row.linnet and row.not_run is None:
+            row.against = Against(best.id, "decode_tok_s", row.value("decode_tok_s") / best.value("decode_tok_s"))

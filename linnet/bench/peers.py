@@ -15,9 +15,9 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM  # resolved here, so load time is loading, not importing
 
-from linnet.bench.protocol import Generation, Job, Subject
+from linnet.bench.protocol import Job, Subject, TimedGeneration
+from linnet.dtypes import DTYPES
 from linnet.errors import BackendUnavailable
-from linnet.weights import TORCH_DTYPES
 
 
 class TransformersSubject(Subject):
@@ -37,12 +37,13 @@ class TransformersSubject(Subject):
             self.options = dict(cache_implementation="static", compile_config=config)
 
     def load(self) -> None:
-        model = AutoModelForCausalLM.from_pretrained(self.job.model, dtype=TORCH_DTYPES[self.job.dtype])
+        dtype = getattr(torch, DTYPES[self.job.dtype].hf)  # torch names its dtypes as config.json does
+        model = AutoModelForCausalLM.from_pretrained(self.job.model, dtype=dtype)
         self.model = model.to(self.device).eval()
         # Plain greedy decoding: a checkpoint's own defaults (sampling, repetition penalty, EOS) are dropped.
         self.model.generation_config = transformers.GenerationConfig(do_sample=False)
 
-    def generate(self, prompt: list[int], new_tokens: int, record: int) -> Generation:
+    def generate(self, prompt: list[int], new_tokens: int, record: int) -> TimedGeneration:
         clock, recorder = _Clock(), _Recorder(record)
         ids = torch.tensor([prompt], device=self.device)
         start = time.perf_counter()
@@ -54,7 +55,7 @@ class TransformersSubject(Subject):
         tokens = out[0, len(prompt):].tolist()
         times = clock.times
         logits = np.stack(recorder.kept) if recorder.kept else None
-        return Generation(times[0] - start, times[-1] - times[0], tokens, logits)
+        return TimedGeneration(times[0] - start, times[-1] - times[0], tokens, logits)
 
     def peak_memory(self) -> int:
         if self.device.type == "cuda":  # as Linnet's runner reports it, so the two compare

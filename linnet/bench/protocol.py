@@ -1,4 +1,7 @@
-"""What every worker runs: one request of a fixed random prompt, then exactly ``new_tokens`` greedy tokens.
+"""The bench's subjects, and what every worker runs: one request of a fixed random prompt, then exactly
+``new_tokens`` greedy tokens.
+
+A subject is a peer of ``PEERS`` or any backend of ``linnet.backends.registry``; its id is its row's id.
 
 The first generation of each worker records its logits at the prompt's last position and at the first
 ``CHECK_STEPS`` decode steps, for the distance from the reference. It also pays any compilation,
@@ -13,30 +16,39 @@ from pathlib import Path
 
 import numpy as np
 
+from linnet.backends.registry import get_backend
 from linnet.registry.schema import Protocol
+from linnet.results import Row
 
 CHECK_STEPS = 4  # decode steps compared with the reference, after the prompt's last position
 PROMPT_SEED = 0
-REFERENCE = "transformers"
-LINNET_BACKENDS = ("torch:eager", "torch:inductor", "torch:cudagraphs")
-PEERS = ("transformers", "transformers:compiled")
-# Row names, as on the seed pages; all in the "PyTorch" group.
-ROW_NAMES = {
-    "transformers": "transformers",
-    "transformers:compiled": "transformers, compiled",
-    "torch:eager": "Linnet, generated PyTorch",
-    "torch:inductor": "Linnet, inductor",
-    "torch:cudagraphs": "Linnet, CUDA graphs",
+
+
+@dataclass(frozen=True)
+class Peer:
+    display: str
+    group: str
+
+
+# The peers, by row id. Every other subject is a Linnet backend, named and grouped by the registry.
+PEERS = {
+    "transformers": Peer("transformers", "PyTorch"),
+    "transformers:compiled": Peer("transformers, compiled", "PyTorch"),
 }
+REFERENCE = "transformers"
+
+
+def empty_row(subject: str) -> Row:
+    """A subject's row before any numbers: its id, group and shown name, and whether it is Linnet's."""
+    if subject in PEERS:
+        return Row(subject, PEERS[subject].group, PEERS[subject].display)
+    backend = get_backend(subject)
+    return Row(backend.id, backend.group, backend.display, linnet=True)
 
 
 def random_prompt(vocab_size: int, length: int, seed: int = PROMPT_SEED) -> list[int]:
     """Token ids drawn uniformly from the vocabulary: the same for every worker, no tokenizer needed."""
     return np.random.default_rng(seed).integers(0, vocab_size, length).tolist()
-
-
-def cache_positions(prompt_tokens: int, new_tokens: int, multiple: int = 128) -> int:
-    return -(-(prompt_tokens + new_tokens) // multiple) * multiple
 
 
 @dataclass(frozen=True)
@@ -62,7 +74,7 @@ class Job:
 
 
 @dataclass
-class Generation:
+class TimedGeneration:
     """One timed generation: prompt in -> first token (ttft), first token -> last token (decode)."""
 
     ttft_s: float
@@ -79,7 +91,7 @@ class Subject(ABC):
         """From a checkpoint on disk to ready to prefill."""
 
     @abstractmethod
-    def generate(self, prompt: list[int], new_tokens: int, record: int) -> Generation:
+    def generate(self, prompt: list[int], new_tokens: int, record: int) -> TimedGeneration:
         """Greedy, exactly ``new_tokens`` tokens whatever EOS says; keep the first ``record`` logits."""
 
     @abstractmethod

@@ -1,9 +1,8 @@
-"""The printed summary of a run: every number, then each Linnet row against both transformers rows."""
+"""The printed summary of a run: every number, then each Linnet row against each peer's row."""
 from __future__ import annotations
 
+from linnet.bench.protocol import PEERS
 from linnet.results import Results, Row
-
-PEER_ROWS = ("transformers", "transformers, compiled")
 
 
 def format_results(results: Results) -> str:
@@ -24,13 +23,14 @@ def format_results(results: Results) -> str:
                           f"{r.value('load_s'):.2f} s", f"{r.value('peak_mem_gib'):.2f} GiB", _distance(r)))
     lines += _columns(table)
     lines += [f"{r.name}: not run: {r.not_run}" for r in results.rows if r.not_run]
-    ratios = [("Against (same run)", *(f"{what} vs {peer}" for peer in PEER_ROWS
+    peers = [r for r in results.rows if r.id in PEERS]
+    ratios = [("Against (same run)", *(f"{what} vs {peer.name}" for peer in peers
                                        for what in ("decode", "TTFT", "load")))]
     for r in results.rows:
-        if r.name.startswith("Linnet") and not r.not_run:
-            ratios.append((r.name, *(_ratio(r, results.find(peer, r.group), metric)
-                                     for peer in PEER_ROWS for metric in ("decode_tok_s", "ttft_ms", "load_s"))))
-    if len(ratios) > 1:
+        if r.linnet and not r.not_run:
+            ratios.append((r.name, *(_ratio(r, peer, metric)
+                                     for peer in peers for metric in ("decode_tok_s", "ttft_ms", "load_s"))))
+    if peers and len(ratios) > 1:
         lines += ["", *_columns(ratios)]
     lines += ["", "Notes:"] + [f"  {r.name}: {'; '.join(r.notes)}" for r in results.rows if r.notes]
     return "\n".join(lines)
@@ -42,9 +42,9 @@ def _distance(row: Row) -> str:
     return row.distance if isinstance(row.distance, str) else f"{row.distance:.3g}"
 
 
-def _ratio(row: Row, peer: Row | None, metric: str) -> str:
+def _ratio(row: Row, peer: Row, metric: str) -> str:
     """How many times better than the peer: faster decode, shorter first token or load."""
-    if peer is None or peer.not_run:
+    if peer.not_run:
         return "–"
     mine, theirs = row.value(metric), peer.value(metric)
     return f"{mine / theirs if metric == 'decode_tok_s' else theirs / mine:.2f}×"

@@ -22,15 +22,17 @@ import numpy as np
 import torch
 
 from linnet import openmp
-from linnet.bench.protocol import CHECK_STEPS, LINNET_BACKENDS, PEERS, Job, Subject
+from linnet.backends.registry import backend_ids, get_backend
+from linnet.bench.protocol import CHECK_STEPS, PEERS, Job, Subject
 from linnet.errors import BackendUnavailable, LinnetError
 
 
 def open_subject(name: str, job: Job) -> Subject:
-    if name in LINNET_BACKENDS:
+    """Any of the registry's backends, or a peer."""
+    if name in backend_ids():
         from linnet.bench.backends import LinnetSubject
 
-        return LinnetSubject(name, job)
+        return LinnetSubject(get_backend(name), job)
     if name in PEERS:
         try:
             from linnet.bench.peers import TransformersSubject
@@ -39,7 +41,7 @@ def open_subject(name: str, job: Job) -> Subject:
                 raise
             raise BackendUnavailable("transformers is not installed (pip install transformers)") from None
         return TransformersSubject(name == "transformers:compiled", job)
-    raise LinnetError(f"unknown bench subject {name!r}; choose from {', '.join(LINNET_BACKENDS + PEERS)}")
+    raise LinnetError(f"unknown bench subject {name!r}; choose from {', '.join([*backend_ids(), *PEERS])}")
 
 
 def reply(message: dict[str, Any]) -> None:

@@ -6,8 +6,9 @@ import argparse
 import sys
 
 from linnet import openmp
+from linnet.backends.registry import benched_ids
 from linnet.bench.harness import OMP_WAIT_POLICIES, Settings, run_bench
-from linnet.bench.protocol import LINNET_BACKENDS, PEERS
+from linnet.bench.protocol import PEERS
 from linnet.bench.table import format_results
 from linnet.commands._common import add_model_argument
 from linnet.errors import LinnetError
@@ -19,10 +20,10 @@ from linnet.spec import DTYPES
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("bench", help="measure Linnet's backends and transformers on one checkpoint")
     add_model_argument(parser)
-    parser.add_argument("--backend", action="append", choices=LINNET_BACKENDS,
+    parser.add_argument("--backend", action="append", choices=benched_ids(),
                         help="a Linnet backend (repeatable; default: all of them)")
-    parser.add_argument("--peer", action="append", choices=PEERS,
-                        help="a peer (repeatable; default: both); 'transformers' is the reference")
+    parser.add_argument("--peer", action="append", choices=tuple(PEERS),
+                        help="a peer (repeatable; default: all of them); 'transformers' is the reference")
     parser.add_argument("--dtype", default="f32", choices=DTYPES)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -38,6 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=handle)
 
 
+def subjects(args: argparse.Namespace) -> tuple[str, ...]:
+    """The peers and Linnet backends asked for; by default every peer and every benched backend."""
+    return tuple(args.peer or PEERS) + tuple(args.backend or benched_ids())
+
+
 def handle(args: argparse.Namespace) -> int:
     if args.new_tokens < 2:
         raise LinnetError("--new-tokens must be at least 2: decode speed is timed from the first token on")
@@ -45,8 +51,7 @@ def handle(args: argparse.Namespace) -> int:
         raise LinnetError("--runs and --prompt-tokens must be positive, --warmup not negative")
     protocol = Protocol(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, batch=1,
                         runs=args.runs, warmups=args.warmup)
-    subjects = tuple(args.peer or PEERS) + tuple(args.backend or LINNET_BACKENDS)
-    settings = Settings(args.model, subjects, protocol, args.dtype, args.threads, args.omp_wait_policy,
+    settings = Settings(args.model, subjects(args), protocol, args.dtype, args.threads, args.omp_wait_policy,
                         interleave=not args.sequential)
     results = run_bench(settings)
     print(format_results(results))

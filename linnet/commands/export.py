@@ -5,8 +5,9 @@ import argparse
 import time
 
 from linnet.commands._common import add_model_argument
+from linnet.dtypes import DTYPES
 from linnet.gguf.export import TYPES, export_gguf
-from linnet.hf.export import HF_DTYPES, export_hf
+from linnet.hf.export import export_hf
 from linnet.model import open_model
 
 
@@ -16,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     hf = formats.add_parser("hf", help="an HF checkpoint directory (transformers, vLLM, SGLang, TGI)")
     add_model_argument(hf)
     hf.add_argument("-o", "--output", required=True, help="directory to create")
-    hf.add_argument("--dtype", choices=HF_DTYPES, default=None, help="weights' dtype (default: the model's)")
+    hf.add_argument("--dtype", choices=DTYPES, default=None, help="weights' dtype (default: the model's)")
     gguf = formats.add_parser("gguf", help="a GGUF file (llama.cpp)")
     add_model_argument(gguf)
     gguf.add_argument("-o", "--output", required=True, help="file to write")

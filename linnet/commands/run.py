@@ -6,7 +6,8 @@ import json
 import os
 import sys
 
-from linnet.commands._common import add_model_argument, add_runner_arguments, make_runner, round_up
+from linnet.backends.runner import cache_positions
+from linnet.commands._common import add_model_argument, add_runner_arguments, make_runner
 from linnet.errors import LinnetError
 from linnet.generation import Sampling, generate
 from linnet.model import open_model
@@ -44,7 +45,7 @@ def handle(args: argparse.Namespace) -> int:
         prompt_ids = tokenizer.encode_chat(messages)
     else:
         prompt_ids = tokenizer.encode(args.prompt)
-    positions = args.cache_positions or min(round_up(len(prompt_ids) + args.max_new_tokens), model.spec.max_positions)
+    positions = args.cache_positions or min(cache_positions(len(prompt_ids) + args.max_new_tokens), model.spec.max_positions)
     runner = make_runner(model, args, positions)
 
     def show(text: str) -> None:
@@ -55,13 +56,11 @@ def handle(args: argparse.Namespace) -> int:
         runner, prompt_ids, args.max_new_tokens, sampling, tokenizer=tokenizer, stop=args.stop,
         on_text=None if args.json else show,
     )
-    import torch
-
     summary = {
         "model": str(model.path),
         "backend": args.backend,
         "dtype": args.dtype,
-        "threads": torch.get_num_threads(),
+        "threads": runner.describe().get("threads"),
         "load_average": os.getloadavg()[0],
         "load_s": round(runner.load_time, 4),
         "ttft_ms": round(result.ttft_s * 1000, 2),
@@ -72,10 +71,11 @@ def handle(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"prompt_ids": prompt_ids, "token_ids": result.token_ids, "text": result.text, **summary}))
     else:
+        threads = f"{summary['threads']} threads, " if summary["threads"] else ""
         print(
             f"\n\n[{summary['new_tokens']} tokens, {summary['finish_reason']} · first token {summary['ttft_ms']:.0f} ms"
             f" · decode {summary['decode_tok_s']:.1f} tok/s · load {summary['load_s']:.2f} s"
-            f" · {args.backend} {args.dtype}, {summary['threads']} threads, load average {summary['load_average']:.2f}]",
+            f" · {args.backend} {args.dtype}, {threads}load average {summary['load_average']:.2f}]",
             file=sys.stderr,
         )
     return 0

@@ -1,6 +1,6 @@
-"""Generation on top of the Runner contract: sampling, streamed text with stop strings, the loop."""
-from linnet.generation.loop import Generation, generate
-from linnet.generation.sampling import Sampler, Sampling
+"""Generation on top of the Runner contract: streamed text with stop strings, the one-request loop."""
+from linnet.generation.loop import GenerationResult, generate
 from linnet.generation.text import TextStream
+from linnet.sampling import Sampling
 
-__all__ = ["Generation", "Sampler", "Sampling", "TextStream", "generate"]
+__all__ = ["GenerationResult", "Sampling", "TextStream", "generate"]

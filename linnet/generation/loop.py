@@ -1,19 +1,21 @@
-"""``generate``: one request on one cache row, written once against the Runner contract."""
+"""``generate``: one request on one cache row, a thin loop over the runner's batched ``step``."""
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from linnet.backends.runner import Runner
+from linnet.backends.runner import OK, Decode, Prefill, Runner
 from linnet.errors import CacheFull, LinnetError
-from linnet.generation.sampling import Sampler, Sampling
 from linnet.generation.text import TextStream
+from linnet.sampling import Sampling
 from linnet.tokenizer import Tokenizer
 
 
 @dataclass
-class Generation:
+class GenerationResult:
+    """One request's tokens, text and timings."""
+
     prompt_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -37,7 +39,7 @@ def generate(
     stop: Sequence[str] = (),
     on_text: Callable[[str], None] | None = None,
     row: int = 0,
-) -> Generation:
+) -> GenerationResult:
     """Prefill ``prompt_ids`` into ``row`` and decode until EOS, a stop string or ``max_new_tokens``.
 
     ``on_text`` receives the text as it becomes safe to show (needs ``tokenizer``).
@@ -56,17 +58,16 @@ def generate(
     if (stop or on_text) and tokenizer is None:
         raise LinnetError("stop strings and streamed text need a tokenizer")
     eos = set(tokenizer.eos_ids if eos_ids is None and tokenizer else eos_ids or ())
-    sampler = Sampler(sampling)
     stream = TextStream(tokenizer, stop) if tokenizer else None
-    out = Generation(prompt_ids=list(prompt_ids))
-    tokens = [0] * runner.cache.rows
-    active = [r == row for r in range(runner.cache.rows)]
+    out = GenerationResult(prompt_ids=list(prompt_ids))
 
     start = time.perf_counter()
     runner.reset(row)
-    logits = runner.prefill(row, list(prompt_ids))
+    result = runner.step(prefill=[Prefill(row, list(prompt_ids))], sampling={row: sampling})[row]
     while True:
-        token = sampler(logits)
+        if result.status != OK:
+            raise LinnetError(result.message)
+        token = result.token
         if not out.token_ids:
             out.ttft_s = time.perf_counter() - start
             first = time.perf_counter()
@@ -83,8 +84,7 @@ def generate(
                 break
         if len(out.token_ids) == max_new_tokens:
             break
-        tokens[row] = token
-        logits = runner.decode(tokens, active)[row]
+        result = runner.step(decode=[Decode(row, token)], sampling={row: sampling})[row]
     out.decode_s = time.perf_counter() - first
     if stream is not None:
         rest = stream.finish()

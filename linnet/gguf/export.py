@@ -5,24 +5,21 @@ stays at one tensor beyond the model. The file is written under a temporary name
 """
 from __future__ import annotations
 
-import os
+from math import prod
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGUFWriter, LlamaFileType
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize
 
 from linnet.errors import LinnetError, UnsupportedModel
+from linnet.files import atomic_write
 from linnet.gguf.reader import ROPE_FREQS
 from linnet.gguf.rope import llama3_factors, rope_permute
-from linnet.gguf.tokenizer import gguf_vocab
+from linnet.gguf.tokenizer import GGUFVocab, gguf_vocab
+from linnet.loaded_model import LoadedModel
 from linnet.names import gguf_name
-
-if TYPE_CHECKING:
-    from linnet.model import LoadedModel
 
 TYPES = {"f32": (Q.F32, LlamaFileType.ALL_F32), "f16": (Q.F16, LlamaFileType.MOSTLY_F16),
          "bf16": (Q.BF16, LlamaFileType.MOSTLY_BF16), "q8_0": (Q.Q8_0, LlamaFileType.MOSTLY_Q8_0)}
@@ -38,19 +35,18 @@ def export_gguf(model: LoadedModel, out_file: str | Path, type: str) -> Path:
     if spec.rope.kind == "llama3" and spec.family != "llama":
         raise UnsupportedModel(f"llama.cpp's {spec.family} graph has no Llama 3 rope scaling")
     qtype, file_type = TYPES[type]
-    tensors = {gguf_name(c): (c, _tensor_type(t, qtype)) for c, t in model.weights.items()}
+    tensors = {gguf_name(c): (c, _tensor_type(a, qtype)) for c, a in model.weights.items()}
     vocab = gguf_vocab(tokenizer, spec.vocab_size)
-    eos_ids = list(dict.fromkeys([*spec.eos_token_ids, *tokenizer.eos_ids]))
+    eos_ids = model.eos_ids
     if len(eos_ids) > 3:
-        raise UnsupportedModel(f"GGUF holds at most three end-of-generation ids (eos, eot, eom), not {eos_ids}")
+        raise UnsupportedModel(f"GGUF holds at most three end-of-generation ids (eos, eot, eom), not {list(eos_ids)}")
+    return atomic_write(out_file, lambda tmp: _write(tmp, model, file_type, tensors, vocab, eos_ids))
 
-    out = Path(out_file)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        writer = GGUFWriter(tmp, arch=spec.family)
-    except OSError as e:
-        raise LinnetError(f"cannot write to {out}: {e.strerror or e}") from None
+
+def _write(path: Path, model: LoadedModel, file_type: LlamaFileType, tensors: dict[str, tuple[str, Q]],
+           vocab: GGUFVocab, eos_ids: tuple[int, ...]) -> None:
+    spec, tokenizer = model.spec, model.tokenizer
+    writer = GGUFWriter(path, arch=spec.family)
     try:
         writer.add_name(model.path.stem)
         writer.add_file_type(file_type)
@@ -92,38 +88,26 @@ def export_gguf(model: LoadedModel, out_file: str | Path, type: str) -> Path:
         if rope_freqs is not None:
             writer.write_tensor_data(rope_freqs)
         for name, (canonical, tensor_type) in tensors.items():
-            tensor = rope_permute(spec, canonical, model.weights[canonical])
-            writer.write_tensor_data(_encode(tensor, tensor_type))
+            array = rope_permute(spec, canonical, model.weights[canonical])
+            writer.write_tensor_data(_encode(array, tensor_type))
+    finally:
         writer.close()
-        os.replace(tmp, out)
-    except BaseException as e:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise LinnetError(f"writing {out} failed: {e}") from None
-        raise
-    return out
 
 
-def _tensor_type(tensor: torch.Tensor, wanted: Q) -> Q:
+def _tensor_type(array: np.ndarray, wanted: Q) -> Q:
     """Vectors stay f32; a matrix whose rows are not whole q8_0 blocks falls back to f16, as in llama.cpp."""
-    if tensor.dim() == 1:
+    if array.ndim == 1:
         return Q.F32
-    if tensor.shape[-1] % GGML_QUANT_SIZES[wanted][0]:
+    if array.shape[-1] % GGML_QUANT_SIZES[wanted][0]:
         return Q.F16
     return wanted
 
 
-def _nbytes(shape: torch.Size, qtype: Q) -> int:
+def _nbytes(shape: tuple[int, ...], qtype: Q) -> int:
     block, size = GGML_QUANT_SIZES[qtype]
-    return shape.numel() // block * size
+    return prod(shape) // block * size
 
 
-def _encode(tensor: torch.Tensor, qtype: Q) -> np.ndarray:
-    if qtype == Q.F32:
-        return tensor.float().numpy()
-    if qtype == Q.F16:
-        return tensor.to(torch.float16).numpy()
-    if qtype == Q.BF16:  # numpy has no bfloat16: write its bits
-        return tensor.to(torch.bfloat16).view(torch.int16).numpy()
-    return quantize(tensor.float().numpy(), qtype)
+def _encode(array: np.ndarray, qtype: Q) -> np.ndarray:
+    """The stored bytes (or values) of ``array`` as ``qtype``; gguf rounds bf16 to nearest even, as torch does."""
+    return quantize(array.astype(np.float32, copy=False), qtype)

@@ -1,42 +1,37 @@
 """Load a GGUF file (llama, qwen2, qwen3) as a ModelSpec, float32 Weights and a Tokenizer.
 
-Quantised tensors are dequantised once with ``gguf.quants``; the result is kept in the converted-weights
-cache, keyed by the file's identity, so later loads map it instead of dequantising again.
+Quantised tensors are dequantised once (``dequantise``); the result is kept in the converted-weights
+cache, keyed by the file's identity and the dequantising code, so later loads map it instead.
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
 from linnet.arch import architecture_for_family
 from linnet.errors import UnsupportedModel, WeightError
+from linnet.gguf import dequantise
 from linnet.gguf.format import GGUFFile
-from linnet.gguf.rope import llama3_from_factors, rope_permute
+from linnet.gguf.rope import llama3_from_factors
 from linnet.gguf.tokenizer import tokenizer_from_gguf
+from linnet.loaded_model import LoadedModel
 from linnet.names import expected_shapes, gguf_name
 from linnet.spec import ModelSpec, RopeSpec
-from linnet.weight_cache import cached_tensors, source_identity
+from linnet.weight_cache import cached_arrays, source_identity
 from linnet.weights import Weights, check_shapes
 
 # The types tested against llama.cpp; the i-quants and ternary types are refused rather than trusted.
 SUPPORTED_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
                              Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K})
 ROPE_FREQS = "rope_freqs.weight"
-_CACHE_VERSION = 1  # bump when the dequantised layout changes
-
-if TYPE_CHECKING:
-    from linnet.model import LoadedModel
 
 
 def load_gguf(path: str | Path) -> LoadedModel:
-    from linnet.model import LoadedModel  # linnet.model imports this module lazily
-
     start = time.perf_counter()
     path = Path(path)
     gguf = GGUFFile(path)
@@ -51,20 +46,11 @@ def load_gguf(path: str | Path) -> LoadedModel:
             raise WeightError(f"tensor {name!r} is stored as {gguf.tensors[name].type.name}, which Linnet "
                               f"cannot read; supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}")
     check_shapes(spec, {canonical: gguf.tensors[name] for name, canonical in present.items()})
-    source = source_identity([path])
-
-    def dequantised() -> dict[str, torch.Tensor]:
-        out = {}
-        for name, canonical in present.items():
-            array = dequantize(gguf.raw(name), gguf.tensors[name].type).astype(np.float32, copy=False)
-            if not array.flags.writeable:  # f32 data is a view of the read-only file map
-                array = array.copy()
-            out[canonical] = rope_permute(spec, canonical, torch.from_numpy(array), inverse=True)
-        return out
-
     tokenizer = tokenizer_from_gguf(gguf.metadata) if "tokenizer.ggml.model" in gguf.metadata else None
-    tensors = cached_tensors(source, f"gguf-dequantize-f32-v{_CACHE_VERSION}", dequantised)
-    weights = Weights(spec, tensors, time.perf_counter() - start, source)
+    file, key = source_identity([path]), f"dequantised by {dequantise.code()}"
+    arrays = cached_arrays(file, key, lambda: dequantise.dequantised(gguf, spec, present))
+    # The weights are this file as this code dequantises it: plans of them are keyed by both.
+    weights = Weights(spec, arrays, time.perf_counter() - start, f"{file}\n{key}")
     return LoadedModel(spec, weights, tokenizer, path)
 
 

@@ -6,31 +6,17 @@ parameters that reproduce them, and checks that they do.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
-import torch
 
 from linnet.errors import UnsupportedModel
+from linnet.rope import inv_frequencies
 from linnet.spec import ModelSpec, RopeSpec
 
 
 def llama3_factors(rope: RopeSpec, head_dim: int) -> np.ndarray:
-    """The divisor of each rotary frequency, as transformers and llama.cpp's converter compute it."""
-    low_wavelen = rope.original_max_positions / rope.low_freq_factor
-    high_wavelen = rope.original_max_positions / rope.high_freq_factor
-    factors = []
-    for wavelen in _wavelengths(rope.theta, head_dim):
-        if wavelen < high_wavelen:
-            factors.append(1.0)
-        elif wavelen > low_wavelen:
-            factors.append(rope.factor)
-        else:
-            smooth = (rope.original_max_positions / wavelen - rope.low_freq_factor) / (
-                rope.high_freq_factor - rope.low_freq_factor
-            )
-            factors.append(1 / ((1 - smooth) / rope.factor + smooth))
-    return np.array(factors, dtype=np.float32)
+    """The divisor of each rotary frequency (float32): plain over scaled frequencies, in float64 so that
+    the divisors outside the band are exactly 1 and ``rope.factor``."""
+    return (_plain(rope.theta, head_dim) / inv_frequencies(rope, head_dim, np.float64)).astype(np.float32)
 
 
 def llama3_from_factors(theta: float, head_dim: int, factors: np.ndarray) -> RopeSpec:
@@ -40,7 +26,7 @@ def llama3_from_factors(theta: float, head_dim: int, factors: np.ndarray) -> Rop
     if np.all(factors == 1.0):
         return RopeSpec(theta=theta)
     factor = float(factors.max())
-    wavelen = np.array(_wavelengths(theta, head_dim))
+    wavelen = 2 * np.pi / _plain(theta, head_dim)
     band = (factors > 1.0) & (factors < factor)
     # In the band, smooth = original / wavelen / (high - 1) - 1 / (high - 1): linear in 1 / wavelen.
     smooth = (1 / factors[band] - 1 / factor) / (1 - 1 / factor)
@@ -60,16 +46,16 @@ def llama3_from_factors(theta: float, head_dim: int, factors: np.ndarray) -> Rop
     return rope
 
 
-def _wavelengths(theta: float, head_dim: int) -> list[float]:
-    return [2 * math.pi * theta ** (i / head_dim) for i in range(0, head_dim, 2)]
+def _plain(theta: float, head_dim: int) -> np.ndarray:
+    return inv_frequencies(RopeSpec(theta), head_dim, np.float64)
 
 
-def rope_permute(spec: ModelSpec, canonical: str, tensor: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+def rope_permute(spec: ModelSpec, canonical: str, array: np.ndarray, inverse: bool = False) -> np.ndarray:
     """llama.cpp's ``llama`` graph rotates interleaved pairs where HF rotates halves, so its converter
     reorders the rows of each q and k head (biases too); ``inverse`` undoes that. Qwen graphs rotate halves."""
     part = canonical.rsplit(".", 1)[-1]
     if spec.family != "llama" or part not in ("q", "q_bias", "k", "k_bias"):
-        return tensor
+        return array
     heads = spec.num_heads if part.startswith("q") else spec.num_kv_heads
     split = (heads, spec.head_dim // 2, 2) if inverse else (heads, 2, spec.head_dim // 2)
-    return tensor.reshape(*split, *tensor.shape[1:]).transpose(1, 2).reshape(tensor.shape)
+    return array.reshape(*split, *array.shape[1:]).swapaxes(1, 2).reshape(array.shape)

@@ -6,41 +6,39 @@ so a failed export leaves nothing half-written behind.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
-from safetensors.torch import save_file
+import numpy as np
+from safetensors.numpy import save_file
 
 from linnet.arch import get_architecture
+from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError, UnsupportedModel
+from linnet.files import atomic_write
+from linnet.loaded_model import LoadedModel
 from linnet.names import hf_name
 from linnet.spec import ModelSpec
-from linnet.weights import TORCH_DTYPES
 
-if TYPE_CHECKING:
-    from linnet.model import LoadedModel
-
-HF_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 SHARD_BYTES = 2 * 1024**3
 
 
 def export_hf(model: LoadedModel, out_dir: str | Path, dtype: str, shard_bytes: int = SHARD_BYTES) -> Path:
     """Write ``model`` as an HF checkpoint in ``dtype`` (f32, f16, bf16) to ``out_dir``; returns it."""
-    if dtype not in HF_DTYPES:
-        raise LinnetError(f"unknown dtype {dtype!r}; choose from {', '.join(HF_DTYPES)}")
-    spec, tokenizer = model.spec, model.tokenizer
-    eos_ids = list(dict.fromkeys([*spec.eos_token_ids, *(tokenizer.eos_ids if tokenizer else ())]))
+    if dtype not in DTYPES:
+        raise LinnetError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    spec, tokenizer, eos_ids = model.spec, model.tokenizer, list(model.eos_ids)
     config = hf_config(spec, dtype, eos_ids)  # before any file is touched: it may refuse the model
-    with _staged_dir(Path(out_dir)) as tmp:
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise LinnetError(f"{out} already exists and is not an empty directory; choose another output")
+
+    def write(tmp: Path) -> None:
+        tmp.mkdir()
         _write_json(tmp / "config.json", config)
         generation = {"bos_token_id": spec.bos_token_id, "eos_token_id": _one_or_list(eos_ids)}
         _write_json(tmp / "generation_config.json", generation)
-        _write_safetensors(tmp, model, TORCH_DTYPES[dtype], shard_bytes)
+        _write_safetensors(tmp, model, DTYPES[dtype].numpy, shard_bytes)
         if tokenizer is not None:
             (tmp / "tokenizer.json").write_text(tokenizer.hf.to_str())
             _write_json(tmp / "tokenizer_config.json", {
@@ -51,7 +49,8 @@ def export_hf(model: LoadedModel, out_dir: str | Path, dtype: str, shard_bytes: 
                 "model_max_length": spec.max_positions,
                 "clean_up_tokenization_spaces": False,
             })
-    return Path(out_dir)
+
+    return atomic_write(out, write)
 
 
 def hf_config(spec: ModelSpec, dtype: str, eos_ids: list[int]) -> dict[str, Any]:
@@ -84,8 +83,8 @@ def hf_config(spec: ModelSpec, dtype: str, eos_ids: list[int]) -> dict[str, Any]
         "rope_theta": rope.theta,
         "rope_scaling": scaling,
         "rope_parameters": {"rope_type": rope.kind, "rope_theta": rope.theta, **(scaling or {})},
-        "torch_dtype": HF_DTYPES[dtype],
-        "dtype": HF_DTYPES[dtype],
+        "torch_dtype": DTYPES[dtype].hf,
+        "dtype": DTYPES[dtype].hf,
         "bos_token_id": spec.bos_token_id,
         "eos_token_id": _one_or_list(eos_ids),
         "use_cache": True,
@@ -97,18 +96,17 @@ def hf_config(spec: ModelSpec, dtype: str, eos_ids: list[int]) -> dict[str, Any]
     return config
 
 
-def _write_safetensors(out: Path, model: LoadedModel, dtype: torch.dtype, shard_bytes: int) -> None:
-    shards: list[dict[str, torch.Tensor]] = [{}]
+def _write_safetensors(out: Path, model: LoadedModel, dtype: np.dtype, shard_bytes: int) -> None:
+    shards: list[dict[str, np.ndarray]] = [{}]
     size = total = 0
-    for canonical, tensor in model.weights.items():  # a tied head has no lm_head: written tied
-        tensor = tensor.to(dtype).contiguous()
-        nbytes = tensor.numel() * tensor.element_size()
-        if shards[-1] and size + nbytes > shard_bytes:
+    for canonical, array in model.weights.items():  # a tied head has no lm_head: written tied
+        array = np.ascontiguousarray(array.astype(dtype, copy=False))
+        if shards[-1] and size + array.nbytes > shard_bytes:
             shards.append({})
             size = 0
-        shards[-1][hf_name(canonical)] = tensor
-        size += nbytes
-        total += nbytes
+        shards[-1][hf_name(canonical)] = array
+        size += array.nbytes
+        total += array.nbytes
     if len(shards) == 1:
         save_file(shards[0], out / "model.safetensors", metadata={"format": "pt"})
         return
@@ -118,28 +116,6 @@ def _write_safetensors(out: Path, model: LoadedModel, dtype: torch.dtype, shard_
         save_file(shard, out / name, metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(shard, name))
     _write_json(out / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
-
-
-@contextmanager
-def _staged_dir(out: Path) -> Iterator[Path]:
-    """A fresh directory beside ``out``, renamed to ``out`` when the block succeeds, removed when not."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise LinnetError(f"{out} already exists and is not an empty directory; choose another output")
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    try:
-        tmp.mkdir(parents=True)
-    except OSError as e:
-        raise LinnetError(f"cannot write to {out}: {e.strerror or e}") from None
-    try:
-        yield tmp
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):  # a full disk, a vanished directory: the user's to fix, not a bug
-            raise LinnetError(f"writing {out} failed: {e}") from None
-        raise
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """The "Linnet against the stack it replaces" cards: each side in its fastest configuration.
 
-A card names its two sides by group and row-name pattern; each side is the best row that matches.
-A card whose side did not run is left off: there is nothing to compare.
+A card names its two sides by group and a pattern over row ids (never display names, which may be
+reworded); each side is the best row that matches. A card whose side did not run is left off.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ SAME_SPEED = 0.05
 @dataclass(frozen=True)
 class Side:
     group: str | None  # None: any group
-    pattern: str  # fnmatch pattern on the row name
+    ids: str = "*"  # fnmatch pattern over row ids
+    linnet: bool = False  # only Linnet's own rows, whatever their ids: a new backend joins by itself
 
 
 @dataclass(frozen=True)
@@ -32,17 +33,16 @@ class Spec:
 
 LLM, SERVING = "LLM engines", "Serving many requests"
 SPECS = (
-    Spec("vs vLLM, one request", "decode_tok_s", Side(None, "Linnet, *"), Side(LLM, "vLLM")),
+    Spec("vs vLLM, one request", "decode_tok_s", Side(None, linnet=True), Side(LLM, "vllm")),
     Spec("vs the reference, in PyTorch", "decode_tok_s",
-         Side("PyTorch", "Linnet, *"), Side("PyTorch", "transformers*")),
-    Spec("vs KerasHub, in JAX", "decode_tok_s", Side("JAX", "Linnet, *"), Side("JAX", "KerasHub*")),
+         Side("PyTorch", linnet=True), Side("PyTorch", "transformers*")),
+    Spec("vs KerasHub, in JAX", "decode_tok_s", Side("JAX", linnet=True), Side("JAX", "keras-hub*")),
     Spec("exported to vLLM, SGLang, TGI", "decode_tok_s",
-         Side(LLM, "vLLM on Linnet's export"), Side(LLM, "vLLM"), export=True),
-    Spec("vs vLLM, serving", "serve_tok_s", Side(SERVING, "linnet.serve, *"), Side(SERVING, "vLLM")),
+         Side(LLM, "vllm:linnet-export"), Side(LLM, "vllm"), export=True),
+    Spec("vs vLLM, serving", "serve_tok_s", Side(SERVING, "serve:*"), Side(SERVING, "vllm:batched")),
     Spec("exported, serving", "serve_tok_s",
-         Side(SERVING, "vLLM on Linnet's export"), Side(SERVING, "vLLM"), export=True),
-    Spec("vs vLLM, behind Triton", "serve_tok_s",
-         Side(SERVING, "Triton, linnet.serve backend"), Side(SERVING, "Triton, vLLM backend")),
+         Side(SERVING, "vllm:batched:linnet-export"), Side(SERVING, "vllm:batched"), export=True),
+    Spec("vs vLLM, behind Triton", "serve_tok_s", Side(SERVING, "triton:linnet"), Side(SERVING, "triton:vllm")),
 )
 
 
@@ -65,8 +65,8 @@ class Card:
 
 
 def _fastest(results: Results, side: Side, metric: str) -> Row | None:
-    rows = [r for r in results.rows if r.value(metric) is not None
-            and side.group in (None, r.group) and fnmatchcase(r.name, side.pattern)]
+    rows = [r for r in results.rows if r.value(metric) is not None and side.group in (None, r.group)
+            and fnmatchcase(r.id, side.ids) and (r.linnet or not side.linnet)]
     if not rows:
         return None
     return (min if METRICS[metric] else max)(rows, key=lambda r: r.value(metric))
@@ -75,7 +75,7 @@ def _fastest(results: Results, side: Side, metric: str) -> Row | None:
 def _ratio(ours: Row, theirs: Row, metric: str) -> float:
     """The ratio the row recorded against that very row (from unrounded values), else the values'."""
     a = ours.against
-    if a is not None and a.row == theirs.name and a.metric == metric and (a.group or ours.group) == theirs.group:
+    if a is not None and a.row == theirs.id and a.metric == metric:
         return a.ratio
     mine, other = ours.value(metric), theirs.value(metric)
     return other / mine if METRICS[metric] else mine / other

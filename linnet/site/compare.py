@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from linnet.results import GROUPS, METRICS, Results
+from linnet.results import GROUPS, METRICS, Results, Row
 from linnet.site import format as fmt
 
 
@@ -34,24 +34,30 @@ def label(results: Results) -> str:
 
 
 def tables(runs: list[Results]) -> list[Table]:
-    """One table per metric that any run has; each later run's value also shows its change from the first."""
+    """One table per metric that any run has; each later run's value also shows its change from the first.
+
+    Rows are matched across runs by id, so a row renamed between runs stays one line, shown as first named.
+    """
+    first: dict[str, Row] = {}  # each id's first row, in page order
+    for group in GROUPS:
+        for run in runs:
+            for row in run.rows:
+                if row.group == group:
+                    first.setdefault(row.id, row)
     found = []
     for metric in METRICS:
         lines = []
-        for group in GROUPS:
-            names = dict.fromkeys(r.name for run in runs for r in run.rows if r.group == group)
-            for name in names:
-                values = [_value(run, group, name, metric) for run in runs]
-                if any(v is not None for v in values):
-                    cells = [_cell(v, values[0] if i else None, metric) for i, v in enumerate(values)]
-                    lines.append(Line(group, name, cells))
+        for row_id, row in first.items():
+            values = [_value(run.find(row_id), metric) for run in runs]
+            if any(v is not None for v in values):
+                cells = [_cell(v, values[0] if i else None, metric) for i, v in enumerate(values)]
+                lines.append(Line(row.group, row.name, cells))
         if lines:
             found.append(Table(metric, lines))
     return found
 
 
-def _value(run: Results, group: str, name: str, metric: str) -> float | None:
-    row = run.find(name, group)
+def _value(row: Row | None, metric: str) -> float | None:
     return None if row is None else row.value(metric)
 
 

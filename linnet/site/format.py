@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from decimal import ROUND_HALF_UP, Decimal
 
-from linnet.results import Row
+from linnet.results import Results, Row
 
 MINUS = "\u2212"  # a real minus sign, as typeset, not a hyphen
 DASH = "\u2013"  # an empty cell
@@ -59,12 +59,14 @@ def change(r: float) -> str:
     return f"+{pct}%" if pct >= 0 else f"{MINUS}{-pct}%"
 
 
-def against(row: Row) -> str:
-    """The table's "against" cell: "0.59× transformers, compiled" or "+2.4% from vLLM"."""
+def against(row: Row, results: Results) -> str:
+    """The table's "against" cell, naming the other row as shown: "0.59× transformers, compiled" or
+    "+2.4% from vLLM"."""
     a = row.against
     if a is None:
         return ""
-    return f"{change(a.ratio)} from {a.row}" if a.export else f"{ratio(a.ratio)} {a.row}"
+    other = results.find(a.row).name
+    return f"{change(a.ratio)} from {other}" if a.export else f"{ratio(a.ratio)} {other}"
 
 
 def parameters(n: int) -> str:

@@ -1,5 +1,9 @@
 """One conformance suite for every backend x architecture x dtype, against transformers (eager).
 
+The matrix is the backend registry: every backend in every dtype it declares. A backend that cannot run
+here (CUDA graphs without a GPU) is skipped with its own reason. 16-bit runs of the compiled backends
+are marked slow (each compiles its own graphs).
+
 Tolerances (absolute, on logits): f32 1e-4. In 16 bits both sides round every intermediate, each in
 its own order, so the budget scales with the logits' size: bf16 (8-bit mantissa, relative step
 2^-8 = 0.4%) 0.05 x max|logit|, f16 (11-bit) 0.01 x max|logit|; the tiny models' logits are about 5-15.
@@ -11,24 +15,21 @@ import pytest
 import torch
 
 from linnet.backends import CacheShape, create_runner
+from linnet.backends.registry import backends, get_backend
 from linnet.generation import generate
 from linnet.model import open_model
 
 transformers = pytest.importorskip("transformers")
 
-CASE_IDS = ["llama-gqa3", "llama-mqa-tied-rope3", "qwen2-tied", "qwen3-gqa3", "qwen3-mqa-tied"]
+from checkpoints import CASE_IDS  # noqa: E402  (every shape that breaks naive code)
 HF_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 RELATIVE_TOLERANCE = {"bf16": 0.05, "f16": 0.01}
 VOCAB = 331
 
-# (backend, dtype) pairs: eager in every dtype; compiled modes in f32 and one 16-bit dtype.
-MATRIX = [
-    ("torch:eager", "f32"), ("torch:eager", "bf16"), ("torch:eager", "f16"),
-    ("torch:inductor", "f32"), ("torch:inductor", "bf16"),
-    ("torch:cudagraphs", "f32"),
-]
+UNCOMPILED = {"torch:eager", "reference:numpy"}  # quick to set up in any dtype
+MATRIX = [(b.id, d) for b in backends() for d in b.dtypes]
 PARAMS = [
-    pytest.param(b, d, c, id=f"{b}-{d}-{c}", marks=[pytest.mark.slow] if (b != "torch:eager" and d != "f32") else [])
+    pytest.param(b, d, c, id=f"{b}-{d}-{c}", marks=[pytest.mark.slow] if (b not in UNCOMPILED and d != "f32") else [])
     for b, d in MATRIX for c in CASE_IDS
 ]
 
@@ -122,8 +123,9 @@ def test_rows_decoded_together_equal_each_alone(checkpoint_dir, backend, dtype, 
 
 def _get_runner(checkpoint_dir, backend: str, dtype: str, case: str):
     """One runner per (backend, dtype, case), reused across tests: compiling is the slow part."""
-    if backend == "torch:cudagraphs" and not torch.cuda.is_available():
-        pytest.skip("torch:cudagraphs needs a CUDA GPU; none here")
+    reason = get_backend(backend).unavailable()
+    if reason:
+        pytest.skip(f"{backend}: {reason}")
     key = (backend, dtype, case)
     if key not in _runners:
         model = open_model(str(checkpoint_dir(case)))

@@ -11,13 +11,17 @@ import numpy as np
 import pytest
 import torch
 
+from linnet.backends import registry
+from linnet.backends.registry import BackendPackage, get_backend
 from linnet.bench import worker
-from linnet.bench.harness import Settings, distance_from_reference, run_bench, run_turns, worker_environment
-from linnet.bench.protocol import Job, cache_positions, random_prompt
+from linnet.bench.harness import (Settings, add_comparisons, distance_from_reference, make_row, read_spec, run_bench,
+                                  run_turns, worker_environment)
+from linnet.bench.protocol import Job, random_prompt
+from linnet.bench.table import format_results
 from linnet.commands import bench
 from linnet.errors import LinnetError
 from linnet.registry.schema import Protocol
-from linnet.results import METRICS, load_results
+from linnet.results import METRICS, Machine, Results, load_results, validate
 
 pytest.importorskip("transformers")
 
@@ -46,8 +50,8 @@ def run(checkpoint_dir, tmp_path_factory):
 def test_every_metric_is_measured(run):
     code, results = run
     assert code == 0
-    for name in ("transformers", "Linnet, generated PyTorch"):
-        row = results.find(name, "PyTorch")
+    for row_id in ("transformers", "torch:eager"):
+        row = results.find(row_id)
         assert row.not_run is None and set(row.metrics) == set(METRICS) - {"serve_tok_s", "serve_ttft_ms"}
         assert all(m.value > 0 for m in row.metrics.values())
         assert len(row.metrics["ttft_ms"].samples) == len(row.metrics["decode_tok_s"].samples) == 2
@@ -56,8 +60,9 @@ def test_every_metric_is_measured(run):
 
 def test_distance_from_the_reference(run):
     _, results = run
-    assert results.find("transformers", "PyTorch").distance == "reference"
-    linnet = results.find("Linnet, generated PyTorch", "PyTorch")
+    assert results.find("transformers").distance == "reference"
+    linnet = results.find("torch:eager")
+    assert (linnet.name, linnet.group, linnet.linnet) == ("Linnet, generated PyTorch", "PyTorch", True)
     assert isinstance(linnet.distance, float) and linnet.distance < 1e-3
     assert linnet.against.row == "transformers" and linnet.against.metric == "decode_tok_s"
     assert "KV cache compiled for 128 positions" in linnet.notes
@@ -66,8 +71,8 @@ def test_distance_from_the_reference(run):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA graphs run where there is a GPU")
 def test_cuda_graphs_is_not_run_without_a_gpu(run):
     _, results = run
-    row = results.find("Linnet, CUDA graphs", "PyTorch")
-    assert row.not_run and "CUDA" in row.not_run and not row.metrics
+    row = results.find("torch:cudagraphs")
+    assert row.not_run == get_backend("torch:cudagraphs").unavailable() and not row.metrics
 
 
 def test_threads_and_load_average_are_recorded(run):
@@ -142,8 +147,17 @@ def test_transformers_decodes_every_token_even_past_eos(checkpoint_dir, tmp_path
     assert g.ttft_s > 0 and g.decode_s > 0
 
 
-def test_protocol_basics():
-    assert cache_positions(512, 128) == 640 and cache_positions(16, 8) == 128 and cache_positions(600, 100) == 768
+def test_the_parent_reads_only_the_spec(checkpoint_dir, tmp_path: Path):
+    from linnet.gguf.export import export_gguf
+    from linnet.model import open_model
+
+    source = checkpoint_dir("qwen2-tied")
+    model = open_model(str(source))
+    gguf = export_gguf(model, tmp_path / "m.gguf", "f16")
+    assert read_spec(source) == model.spec and read_spec(gguf).vocab_size == model.spec.vocab_size
+
+
+def test_random_prompt():
     prompt = random_prompt(331, 64)
     assert prompt == random_prompt(331, 64) and all(0 <= t < 331 for t in prompt) and len(set(prompt)) > 32
 
@@ -166,15 +180,72 @@ def test_compiled_subjects_are_set_up_before_the_load_clock(checkpoint_dir, tmp_
     script = f"""
 import sys
 from pathlib import Path
+from linnet.backends.registry import get_backend
 from linnet.bench.protocol import Job
 from linnet.bench.backends import LinnetSubject
 from linnet.bench.peers import TransformersSubject
 job = Job.load(Path({str(job_path)!r}))
 assert "torch._inductor.compile_fx" not in sys.modules
-LinnetSubject("torch:inductor", job)
+LinnetSubject(get_backend("torch:inductor"), job)
 assert "torch._dynamo" in sys.modules and "torch._inductor.compile_fx" in sys.modules
 assert TransformersSubject(True, job).options["cache_implementation"] == "static"
 assert TransformersSubject(False, job).options == {{}}
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+# A backend package made up here: nothing outside the registry names it, so if the bench finds its rows,
+# their names and group, it found them by id.
+def fake_unavailable(mode: str) -> str | None:
+    return "the fake accelerator is switched off" if mode == "off" else None
+
+
+FAKE = BackendPackage(name="fake", modes=(("fast", "Fakery, fast"), ("off", "Fakery, off")), dtypes=("f32",),
+                      group="JAX", runner=f"{__name__}:NoRunner", check=f"{__name__}:fake_unavailable")
+
+
+@pytest.fixture
+def fake_backend(monkeypatch):
+    packages = (*registry.packages(), FAKE)
+    monkeypatch.setattr(registry, "packages", lambda: packages)
+
+
+def _report(decode_tok_s: float) -> dict:
+    """A worker's report of one finished subject, as run_turns gathers it."""
+    return {"ttft_s": [0.01], "decode_tok_s": [decode_tok_s], "load_s": 1.0, "peak_memory": 2**30,
+            "load_average": [0.1, 0.2], "notes": [], "threads": 1, "openmp": "OMP_WAIT_POLICY=PASSIVE",
+            "first_generation_s": 0.5, "tokens": [1, 2]}
+
+
+def test_a_new_backend_package_is_benched_without_edits_elsewhere(fake_backend):
+    commands = argparse.ArgumentParser().add_subparsers()
+    bench.register(commands)
+    assert "fake:fast" in commands.choices["bench"].format_help()
+    assert parse(["model", "--backend", "fake:fast"]).backend == ["fake:fast"]
+    assert {"fake:fast", "fake:off", "torch:eager", "transformers"} <= set(bench.subjects(parse(["model"])))
+    rows = [make_row("transformers", _report(100.0), None, True),
+            make_row("fake:fast", _report(150.0), (1e-4, 2), True),
+            make_row("fake:off", {"not_run": "the fake accelerator is switched off"}, None, True)]
+    add_comparisons(rows)
+    _, fast, off = rows
+    assert (fast.id, fast.name, fast.group, fast.linnet) == ("fake:fast", "Fakery, fast", "JAX", True)
+    assert fast.against.row == "transformers" and fast.against.ratio == pytest.approx(1.5)
+    assert (off.name, off.not_run, off.metrics) == ("Fakery, off", "the fake accelerator is switched off", {})
+    results = Results("model", "2026-10-01T09:00:00+00:00", Machine(None), {}, PROTOCOL, rows)
+    validate(results)
+    printed = format_results(results).splitlines()
+    assert ["Fakery,", "fast", "1.50×", "1.00×", "1.00×"] in [line.split() for line in printed]  # vs transformers
+    assert "Fakery, off: not run: the fake accelerator is switched off" in printed
+
+
+def test_a_backend_that_cannot_run_here_is_not_run_with_its_reason(fake_backend, tmp_path: Path, capsys):
+    job = Job("unused", "f32", PROTOCOL, [1, 2, 3], str(tmp_path))
+    assert worker.open_subject("fake:fast", job).backend.display == "Fakery, fast"
+    worker.serve("fake:off", job, io.StringIO(""), load_only=True)
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["not_run"] == "the fake accelerator is switched off" and "load_s" not in report
+    job = Job("unused", "bf16", PROTOCOL, [1, 2, 3], str(tmp_path))
+    worker.serve("fake:fast", job, io.StringIO(""), load_only=True)
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["not_run"] == "fake:fast does not run bf16; it runs f32"

@@ -59,3 +59,20 @@ def test_unsupported_architecture_is_named(checkpoint_dir, tmp_path):
     result = subprocess.run([sys.executable, "-m", "linnet", "info", str(model)], capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 2 and "architecture 'MixtralForCausalLM' is not supported" in result.stderr
+
+
+def test_compile_prints_the_program(checkpoint_dir, capsys):
+    assert main(["compile", str(checkpoint_dir("llama-mqa-tied-rope3")), "--target", "program"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("# LlamaForCausalLM: 2 layers")
+    assert "cache_k_out = cache_write(cache_k, rows, positions, k_rot)" in text
+    assert "logits = cast(logits_act; dtype='f32')" in text and "lm_head: f32[331, 48]" in text
+
+
+def test_reference_backend_runs_from_the_command_line(checkpoint_dir, capsys):
+    assert main(["run", str(checkpoint_dir("qwen2-tied")), "--prompt", "The quick", "--max-new-tokens", "5",
+                 "--backend", "reference:numpy", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["token_ids"]) <= 5
+    assert main(["run", str(checkpoint_dir("qwen2-tied")), "--prompt", "x", "--backend", "reference:numpy",
+                 "--dtype", "bf16"]) == 2
+    assert "reference:numpy does not run bf16; it runs f32" in capsys.readouterr().err

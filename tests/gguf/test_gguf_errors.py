@@ -94,11 +94,11 @@ def test_failed_export_leaves_nothing(good_gguf, tmp_path, monkeypatch):
     model = load_gguf(good_gguf)
     calls = []
 
-    def fail_on_third(tensor, qtype):
+    def fail_on_third(array, qtype):
         calls.append(qtype)
         if len(calls) == 3:
             raise OSError(28, "No space left on device")
-        return tensor.float().numpy()
+        return array.astype(np.float32)
 
     monkeypatch.setattr(gguf_export, "_encode", fail_on_third)
     with pytest.raises(LinnetError, match="No space left"):

@@ -5,7 +5,6 @@ import importlib.metadata
 
 import numpy as np
 import pytest
-import torch
 from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -14,6 +13,7 @@ from linnet.errors import LinnetError, UnsupportedModel
 from linnet.gguf.rope import llama3_factors, llama3_from_factors, rope_permute
 from linnet.gguf.tokenizer import gguf_vocab
 from linnet.model import resolve
+from linnet.rope import inv_frequencies
 from linnet.spec import ModelSpec, RopeSpec
 from linnet.tokenizer import Tokenizer
 
@@ -40,8 +40,16 @@ def test_llama3_factors_match_transformers():
                              high_freq_factor=4.0, original_max_position_embeddings=8192),
     )
     scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
-    plain = 1.0 / (500000.0 ** (torch.arange(0, 128, 2).double() / 128))
-    np.testing.assert_allclose(llama3_factors(LLAMA31, 128), (plain / scaled.double()).numpy(), rtol=1e-5)
+    plain = 1.0 / (500000.0 ** (np.arange(0, 128, 2) / 128))
+    np.testing.assert_allclose(llama3_factors(LLAMA31, 128), plain / scaled.double().numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("rope, head_dim", [(LLAMA31, 128), (RopeSpec(500000.0, "llama3", 8.0, 1.0, 4.0, 64), 12)])
+def test_llama3_factors_are_the_rotary_scaling(rope, head_dim):
+    """What llama.cpp divides by gives the frequencies Linnet's own tables use, to float32 rounding."""
+    scaled = inv_frequencies(RopeSpec(rope.theta), head_dim) / llama3_factors(rope, head_dim)
+    np.testing.assert_allclose(scaled, inv_frequencies(rope, head_dim), rtol=1e-6)
+    assert set(llama3_factors(rope, head_dim)[[0, -1]]) == {1.0, rope.factor}  # exact outside the band
 
 
 def test_factors_that_are_not_llama3_are_refused():
@@ -54,11 +62,11 @@ def test_factors_that_are_not_llama3_are_refused():
 
 def test_rope_permute_interleaves_each_head_and_inverts():
     spec = ModelSpec("LlamaForCausalLM", 10, 8, 16, 1, 2, 1, 4, 1e-6, RopeSpec(1e4), 16, True, True, True, False)
-    q = torch.arange(8.0)[:, None].expand(8, 8)  # row i holds i
+    q = np.repeat(np.arange(8.0)[:, None], 8, axis=1)  # row i holds i
     permuted = rope_permute(spec, "layers.0.q", q)
     assert permuted[:, 0].tolist() == [0, 2, 1, 3, 4, 6, 5, 7]  # halves (0,1 | 2,3) -> pairs (0,2), (1,3)
-    assert torch.equal(rope_permute(spec, "layers.0.q", permuted, inverse=True), q)
-    assert rope_permute(spec, "layers.0.k_bias", torch.arange(4.0)).tolist() == [0, 2, 1, 3]
+    np.testing.assert_array_equal(rope_permute(spec, "layers.0.q", permuted, inverse=True), q)
+    assert rope_permute(spec, "layers.0.k_bias", np.arange(4.0)).tolist() == [0, 2, 1, 3]
     assert rope_permute(spec, "layers.0.v", q) is q
     qwen = ModelSpec("Qwen2ForCausalLM", 10, 8, 16, 1, 2, 1, 4, 1e-6, RopeSpec(1e4), 16, True, True, False, False)
     assert rope_permute(qwen, "layers.0.q", q) is q  # llama.cpp's qwen graphs rotate halves, as HF does

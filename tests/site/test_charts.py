@@ -67,5 +67,5 @@ def test_groups_and_rows_without_the_metric(qwen3):
     chart = charts.chart(qwen3, "serve_ttft_ms", "t")
     assert [g.text for g in chart.groups] == ["Serving many requests"]
     assert len(chart.bars) == 5
-    only_load = dataclasses.replace(qwen3, rows=[Row("PyTorch", "x", {"load_s": Metric(1.0)})])
+    only_load = dataclasses.replace(qwen3, rows=[Row("x", "PyTorch", "x", {"load_s": Metric(1.0)})])
     assert charts.chart(only_load, "ttft_ms", "t") is None

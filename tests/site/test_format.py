@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from linnet.results import Against, Row
+from linnet import registry
+from linnet.results import load_results
 from linnet.site import format as fmt
 
 
@@ -38,12 +39,11 @@ def test_ratio_and_change():
         "+2.4%", "\u221227.9%", "+39.4%", "+1.4%", "+0.0%"]
 
 
-def test_against_cell():
-    ratio = Row("PyTorch", "Linnet, inductor", against=Against("transformers, compiled", "decode_tok_s", 1.36))
-    export = Row("LLM engines", "vLLM on Linnet's export", against=Against("vLLM", "decode_tok_s", 0.721, export=True))
-    assert fmt.against(ratio) == "1.36× transformers, compiled"
-    assert fmt.against(export) == "\u221227.9% from vLLM"
-    assert fmt.against(Row("PyTorch", "transformers")) == ""
+def test_against_cell_names_the_other_row_as_shown():
+    results = load_results(registry.RESULTS_DIR / "qwen2.5-0.5b-instruct.h100-2026-09-28.json")
+    assert fmt.against(results.find("torch:inductor"), results) == "1.71× transformers, compiled"
+    assert fmt.against(results.find("vllm:linnet-export"), results) == "\u221227.9% from vLLM"
+    assert fmt.against(results.find("transformers"), results) == ""
 
 
 def test_parameters_and_ticks():

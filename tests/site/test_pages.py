@@ -125,7 +125,8 @@ def _with_rows(tmp_path: Path, name: str, **changes) -> Path:
 
 def test_a_row_not_run_shows_its_reason(tmp_path: Path):
     base = load_results(registry.RESULTS_DIR / "qwen2.5-0.5b-instruct.h100-2026-09-28.json")
-    path = _with_rows(tmp_path, "r.json", rows=[*base.rows, Row("LLM engines", "SGLang", not_run="needs CUDA 13")])
+    sglang = Row("sglang", "LLM engines", "SGLang", not_run="needs CUDA 13")
+    path = _with_rows(tmp_path, "r.json", rows=[*base.rows, sglang])
     render_site([path], tmp_path / "out")
     page = Page((tmp_path / "out" / "qwen2.5-0.5b-instruct.html").read_text())
     assert squash("SGLang not run: needs CUDA 13 not compared") in squash(page.text)

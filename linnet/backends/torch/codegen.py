@@ -19,23 +19,17 @@ matrix after it (`rms_linear`), except a tied output head's, whose matrix is the
 A compiled one-token step computes each product as a multiply-and-sum, which inductor turns into one
 loop streaming the weights at memory speed (Linnet compiles it with a pass that writes each product's
 input to a buffer first, so that the loop reads nothing else per weight).
-The KV cache is fixed: [layers][rows, kv_heads, positions, head_dim]. A call writes its keys and values
-at `positions` of `rows` first, then attends causally over the whole row (positions a row has not
-written are masked out), so prefill and decode are one function and every decode step has one shape.
+The KV cache is fixed: [layers][rows, kv_heads, positions, head_dim], written in place (the step never
+reads the old cache again). A call writes its keys and values at `positions` of `rows` first, then
+attends causally over the whole row (positions a row has not written are masked out), so prefill and
+decode are one function and every decode step has one shape. The rotary tables are given to `Model`
+(float32 [positions, HEAD_DIM], as Linnet's `linnet.rope.rope_tables` computes them).
 """
 import torch
 import torch.nn.functional as F
 
 LAYERS = {num_layers}
 HEADS, KV_HEADS, HEAD_DIM = {num_heads}, {num_kv_heads}, {head_dim}
-
-
-def rope_tables(positions: int, dtype: torch.dtype, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, [positions, HEAD_DIM], computed in float32 as transformers does."""
-    inv_freq = 1.0 / ({theta!r} ** (torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM))
-{rope_scaling}    angles = torch.outer(torch.arange(positions, device=device).float(), inv_freq)
-    angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def rms_scale(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -97,10 +91,14 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
-def attention(q, k, v, cache_k, cache_v, rows, positions, mask) -> torch.Tensor:
-    """q [R, T, HEADS, D]; k, v [R, T, KV_HEADS, D] are written into the cache at (rows, positions)."""
-    cache_k[rows[:, None], :, positions] = k
-    cache_v[rows[:, None], :, positions] = v
+def cache_write(cache: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """value [R, T, KV_HEADS, D] written at (rows, positions), in place."""
+    cache[rows[:, None], :, positions] = value
+    return cache
+
+
+def attention(q, cache_k, cache_v, rows, mask) -> torch.Tensor:
+    """q [R, T, HEADS, D] against the rows' cache, causally: mask [R, 1, T, positions]."""
     if compiled_decode(q):
         return decode_attention(q, cache_k[rows], cache_v[rows], mask)
     keys, values = cache_k[rows], cache_v[rows]
@@ -126,15 +124,21 @@ def embedding(tokens: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return table[tokens]
 
 
+def select_tokens(x: torch.Tensor, select: torch.Tensor | None) -> torch.Tensor:
+    """x[r, select[r, s]]: the tokens whose logits are wanted; None keeps every token."""
+    return x if select is None else x[torch.arange(x.shape[0], device=x.device)[:, None], select]
+
+
 def layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask):
 {layer_body}
-    return x
+    return {layer_results}
 
 
 class Model(torch.nn.Module):
     """Weights (canonical names, linear weights [out, in]) and the KV cache, as buffers."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], rows: int, positions: int, dtype: torch.dtype):
+    def __init__(self, weights: dict[str, torch.Tensor], rope_cos: torch.Tensor, rope_sin: torch.Tensor, rows: int,
+                 dtype: torch.dtype):
         super().__init__()
         self.layers = torch.nn.ModuleList()
         for i in range(LAYERS):
@@ -148,37 +152,26 @@ class Model(torch.nn.Module):
             if not name.startswith("layers."):
                 self.register_buffer(name, tensor, persistent=False)
 {tie}        device = self.embed.device
+        positions = rope_cos.shape[0]
         shape = (rows, KV_HEADS, positions, HEAD_DIM)
         self.cache_k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(LAYERS)]
         self.cache_v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(LAYERS)]
-        self.cos, self.sin = rope_tables(positions, dtype, device)
+        self.cos, self.sin = rope_cos.to(device, dtype), rope_sin.to(device, dtype)
         self.key_positions = torch.arange(positions, device=device)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, last_only: bool = True):
-        """tokens, positions [R, T]; rows [R]. Logits [R, T or 1, vocab] in float32."""
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+                select: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens, positions [R, T]; rows [R]; select [R, S] or None (every token). Logits [R, S, vocab], float32."""
         w = self
         cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]
         mask = (self.key_positions <= positions[..., None])[:, None]
 {embed_body}
         for w, cache_k, cache_v in zip(self.layers, self.cache_k, self.cache_v):
-            x = layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask)
+            x, _, _ = layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask)  # caches written in place
         w = self
-        if last_only:
-            x = x[:, -1:]
 {head_body}
-        return logits.float()
+        return {head_result}
 '''
-
-_LLAMA3_SCALING = '''\
-    # Llama 3 scaling: long wavelengths slowed by FACTOR, short ones kept, the band between blended.
-    factor, low, high, original = {factor!r}, {low!r}, {high!r}, {original!r}
-    wavelen = 2 * torch.pi / inv_freq
-    smooth = (original / wavelen - low) / (high - low)
-    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    inv_freq = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
-    inv_freq = torch.where((wavelen <= original / low) & (wavelen >= original / high), blended, inv_freq)
-'''
-
 
 _TIE = """\
         self.register_buffer("lm_head", self.embed, persistent=False)  # tied: the head is the embedding
@@ -186,27 +179,36 @@ _TIE = """\
 
 
 def emit_op(op: Op) -> str:
-    """One op as one line of PyTorch."""
-    args = ", ".join(op.inputs)
+    """One op as one line of PyTorch. Step inputs are locals of `forward`: the rotary tables gathered at
+    the call's positions (`cos`, `sin`) and the causal `mask` are computed there once for every layer."""
+    out, args = ", ".join(op.outs), ", ".join(op.inputs)
     if op.kind == "rms_norm":
-        return f"{op.out} = rms_norm({args}, {op.attrs['eps']!r})"
+        return f"{out} = rms_norm({args}, {op.attrs['eps']!r})"
     if op.kind == "rms_linear":
-        x, *w = op.inputs
-        norm = f", n={op.attrs['norm']}" if "norm" in op.attrs else ""
-        return f"{op.out} = rms_linear({x}, {op.attrs['eps']!r}, {', '.join(w)}{norm})"
+        x, w, *rest = op.inputs
+        norm = f", n={rest.pop()}" if op.attrs.get("norm") else ""
+        return f"{out} = rms_linear({x}, {op.attrs['eps']!r}, {', '.join([w, *rest])}{norm})"
     if op.kind == "split_heads":
-        return f"{op.out} = split_heads({args}, {op.attrs['heads']})"
+        return f"{out} = split_heads({args}, {op.attrs['heads']})"
     if op.kind == "rotary":
-        return f"{op.out} = rotary({args}, cos, sin)"
+        return f"{out} = rotary({op.inputs[0]}, cos, sin)"
     if op.kind == "attention":
-        return f"{op.out} = attention({args}, cache_k, cache_v, rows, positions, mask)"
+        q, cache_k, cache_v, rows, _ = op.inputs
+        return f"{out} = attention({q}, {cache_k}, {cache_v}, {rows}, mask)"
     if op.kind == "split":
-        return f"{op.out} = {args}.split({op.attrs['sizes']}, dim=-1)"
+        return f"{out} = {args}.split({op.attrs['sizes']}, dim=-1)"
     if op.kind == "add":
-        return f"{op.out} = {op.inputs[0]} + {op.inputs[1]}"
-    if op.kind in ("linear", "swiglu", "embedding"):
-        return f"{op.out} = {op.kind}({args})"
+        return f"{out} = {op.inputs[0]} + {op.inputs[1]}"
+    if op.kind == "select":
+        return f"{out} = select_tokens({args})"
+    if op.kind == "cast":
+        return f"{out} = {args}.to({_TORCH_DTYPES[op.attrs['dtype']]})"
+    if op.kind in ("linear", "swiglu", "embedding", "cache_write"):
+        return f"{out} = {op.kind}({args})"
     raise ValueError(f"the torch backend has no emitter for op {op.kind!r}")
+
+
+_TORCH_DTYPES = {"f32": "torch.float32", "f16": "torch.float16", "bf16": "torch.bfloat16"}
 
 
 def _body(ops: tuple[Op, ...], indent: int) -> str:
@@ -214,14 +216,9 @@ def _body(ops: tuple[Op, ...], indent: int) -> str:
 
 
 def generate_source(program: Program) -> str:
+    """The program as a standalone module. It is the same for every run dtype, which `Model` is given."""
     spec = program.spec
     rope = spec.rope
-    scaling = ""
-    if rope.kind == "llama3":
-        scaling = _LLAMA3_SCALING.format(
-            factor=rope.factor, low=rope.low_freq_factor, high=rope.high_freq_factor,
-            original=float(rope.original_max_positions),
-        )
     dims = (
         f"hidden {spec.hidden_size}, intermediate {spec.intermediate_size}, {spec.num_layers} layers, "
         f"{spec.num_heads} heads ({spec.num_kv_heads} for keys and values) of {spec.head_dim},\n"
@@ -236,10 +233,10 @@ def generate_source(program: Program) -> str:
         num_heads=spec.num_heads,
         num_kv_heads=spec.num_kv_heads,
         head_dim=spec.head_dim,
-        theta=rope.theta,
-        rope_scaling=scaling,
         tie=_TIE if spec.tie_word_embeddings else "",  # fold_norm_weights leaves a tied head unfolded
-        layer_body=_body(program.layer, 4),
-        embed_body=_body(program.embed, 8),
-        head_body=_body(program.head, 8),
+        layer_body=_body(program.layer.ops, 4),
+        layer_results=", ".join(program.layer.results),
+        embed_body=_body(program.embed.ops, 8),
+        head_body=_body(program.head.ops, 8),
+        head_result=program.head.results[0],
     )

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import random
 import sys
 import time
+import warnings
 from types import FunctionType, ModuleType
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,31 +21,33 @@ from linnet.backends.runner import CacheShape, Runner
 from linnet.backends.torch.codegen import generate_source
 from linnet.errors import BackendUnavailable, LinnetError
 from linnet.program import Program, build_program, fold_norm_weights, fuse_norm_linears, fuse_projections
+from linnet.rope import rope_tables
+from linnet.sampling import Sampling
 from linnet.spec import ModelSpec
-from linnet.weight_cache import cache_root, cached_tensors
-from linnet.weights import TORCH_DTYPES, Weights
+from linnet.weight_cache import cache_root
+from linnet.weight_plan import WeightPlan, plan_weights
+from linnet.weights import Weights
 
 MODES = ("eager", "inductor", "cudagraphs")
-_LAYOUT_VERSION = 5  # bump when prepare_weights changes, so cached conversions are not reused
+TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
-def torch_program(spec: ModelSpec) -> Program:
-    return fold_norm_weights(fuse_norm_linears(fuse_projections(build_program(spec))))
+def torch_program(spec: ModelSpec, dtype: str = "f32") -> Program:
+    return fold_norm_weights(fuse_norm_linears(fuse_projections(build_program(spec, dtype))))
 
 
-def prepare_weights(weights: Weights, program: Program, dtype: str) -> dict[str, torch.Tensor]:
-    """The generated model's layout: run dtype, fused projections, norm weights folded into the matrices
-    after them (in float32, rounded once to the run dtype); a tied head is bound by the model."""
-    target = TORCH_DTYPES[dtype]
-    tensors = dict(weights)
-    layers = [f"layers.{i}." for i in range(weights.spec.num_layers)]
-    for prefix in layers:
-        for name, parts in program.fused:
-            tensors[prefix + name] = torch.cat([tensors.pop(prefix + p) for p in parts])
-    for section, name, norm in program.folded:
-        for prefix in layers if section == "layer" else [""]:
-            tensors[prefix + name] = tensors[prefix + name].float() * tensors.pop(prefix + norm).float()
-    return {name: tensor.to(target).contiguous() for name, tensor in tensors.items()}
+def torch_weights(weights: Weights, program: Program) -> dict[str, torch.Tensor]:
+    """The program's weight plan, carried out once (and cached) in NumPy, as tensors sharing its memory."""
+    arrays = plan_weights(weights, WeightPlan(program.dtype, program.fused, program.folded))
+    with warnings.catch_warnings():  # the arrays map a read-only file; the model never writes its weights
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return {name: _tensor(array) for name, array in arrays.items()}
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    if array.dtype.name == "bfloat16":  # ml_dtypes' bfloat16, which torch.from_numpy does not know
+        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 def load_generated_module(source: str) -> ModuleType:
@@ -92,33 +97,30 @@ class TorchRunner(Runner):
         self.name = f"torch:{mode}"
         self.mode, self.dtype = mode, dtype
         self.device = torch.device(device or default_device(mode))
-        program = torch_program(weights.spec)
+        program = torch_program(weights.spec, dtype)
         self.source = generate_source(program)
         module = load_generated_module(self.source)
-        conversion = f"torch-{dtype}-layout{_LAYOUT_VERSION}"
-        tensors = cached_tensors(weights.source, conversion, lambda: prepare_weights(weights, program, dtype))
-        tensors = {name: t.to(self.device) for name, t in tensors.items()}
-        self.model = module.Model(tensors, cache.rows, cache.positions, TORCH_DTYPES[dtype])
+        tensors = {name: t.to(self.device) for name, t in torch_weights(weights, program).items()}
+        cos, sin = rope_tables(weights.spec, cache.positions + 1)  # and the scratch position
+        self.model = module.Model(tensors, torch.from_numpy(cos), torch.from_numpy(sin), cache.rows,
+                                  TORCH_DTYPES[dtype])
         self.all_rows = torch.arange(cache.rows, device=self.device)
-        self._prefill_fn, self._decode_fn = self._step, self._step
+        self._prefill_fn, self._decode_fn = self.model, self.model
         if mode in ("inductor", "cudagraphs"):
             self._compile()
         self._graph = None
         self.load_time = weights.load_time + time.perf_counter() - start
-
-    def _step(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, last_only: bool):
-        return self.model(tokens, positions, rows, last_only)
 
     def _compile(self) -> None:
         from linnet.backends.torch.decode_compile import decode_compile_options  # imports inductor
 
         # No freezing: the decode products need no re-laid weights, the weights are not copied, and
         # inductor's on-disk graph cache (which freezing bypasses) makes later processes compile fast.
-        def prefill(tokens, positions, rows, last_only):
-            return self.model(tokens, positions, rows, last_only)
+        def prefill(tokens, positions, rows, select):
+            return self.model(tokens, positions, rows, select)
 
-        def decode(tokens, positions, rows, last_only):
-            return self.model(tokens, positions, rows, last_only)
+        def decode(tokens, positions, rows, select):
+            return self.model(tokens, positions, rows, select)
 
         # Two functions, two dynamo caches: prefill's length is dynamic (marked on each call, so that
         # nothing else is), decode's shape never changes. Each runner gets its own code objects, since
@@ -129,27 +131,19 @@ class TorchRunner(Runner):
         self._decode_fn = torch.compile(decode, dynamic=False, fullgraph=True, options=options)
 
     @torch.inference_mode()
-    def _prefill(self, row: int, tokens: list[int], start: int, all_logits: bool) -> np.ndarray:
-        t = torch.tensor([tokens], device=self.device)
-        positions = torch.arange(start, start + len(tokens), device=self.device)[None]
-        rows = torch.tensor([row], device=self.device)
-        if self.mode == "eager" or len(tokens) == 1:  # dynamo would specialise a length of 1: eager
-            logits = self._step(t, positions, rows, not all_logits)
-        else:
-            torch._dynamo.mark_dynamic(t, 1)
-            torch._dynamo.mark_dynamic(positions, 1)
-            logits = self._prefill_fn(t, positions, rows, not all_logits)
-        return logits[0].cpu().numpy() if all_logits else logits[0, -1].cpu().numpy()
+    def _forward(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray | None):
+        t, p = torch.from_numpy(tokens).to(self.device), torch.from_numpy(positions).to(self.device)
+        if tokens.shape == (self.cache.rows, 1) and select is None:  # a decode step: every row, one shape
+            return self._replay(t, p) if self.mode == "cudagraphs" else self._decode_fn(t, p, self.all_rows, None)
+        r = torch.from_numpy(rows).to(self.device)
+        s = None if select is None else torch.from_numpy(select).to(self.device)
+        if self.mode == "eager" or tokens.shape[1] == 1:  # dynamo would specialise a length of 1: eager
+            return self.model(t, p, r, s)
+        torch._dynamo.mark_dynamic(t, 1)
+        torch._dynamo.mark_dynamic(p, 1)
+        return self._prefill_fn(t, p, r, s)
 
-    @torch.inference_mode()
-    def _decode(self, tokens: list[int], positions: list[int]) -> np.ndarray:
-        t = torch.tensor(tokens, device=self.device)[:, None]
-        p = torch.tensor(positions, device=self.device)[:, None]
-        if self.mode == "cudagraphs":
-            return self._replay(t, p)
-        return self._decode_fn(t, p, self.all_rows, True)[:, 0].cpu().numpy()
-
-    def _replay(self, tokens: torch.Tensor, positions: torch.Tensor) -> np.ndarray:
+    def _replay(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Capture the compiled decode step once into a CUDA graph, then replay it with new inputs."""
         if self._graph is None:
             self._static = (tokens.clone(), positions.clone())
@@ -157,21 +151,55 @@ class TorchRunner(Runner):
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(3):  # compile and warm up outside the capture
-                    self._decode_fn(*self._static, self.all_rows, True)
+                    self._decode_fn(*self._static, self.all_rows, None)
             torch.cuda.current_stream().wait_stream(stream)
             self._graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self._graph):
-                self._static_out = self._decode_fn(*self._static, self.all_rows, True)
+                self._static_out = self._decode_fn(*self._static, self.all_rows, None)
         self._static[0].copy_(tokens)
         self._static[1].copy_(positions)
         self._graph.replay()
-        return self._static_out[:, 0].cpu().numpy()
+        return self._static_out
+
+    # -- sampling on the device: only the chosen ids come back ----------------------------------------
+    def _stack(self, picks: list[tuple[Any, int]]) -> torch.Tensor:
+        return torch.stack([array[index, 0] for array, index in picks])
+
+    def _to_host(self, array: Any) -> np.ndarray:
+        return array.float().cpu().numpy()
+
+    def _new_rng(self, seed: int | None) -> torch.Generator:
+        return torch.Generator(self.device).manual_seed(random.getrandbits(63) if seed is None else seed)
+
+    @torch.inference_mode()
+    def _sample(self, logits: torch.Tensor, samplers: list[tuple[Sampling, Any]]) -> list[int]:
+        chosen = logits.argmax(-1)
+        for i, (sampling, generator) in enumerate(samplers):
+            if not sampling.greedy:
+                chosen[i] = draw(logits[i], sampling, generator)
+        return chosen.cpu().tolist()
 
     def describe(self) -> dict:
-        return {**super().describe(), "dtype": self.dtype, "device": str(self.device)}
+        return {**super().describe(), "dtype": self.dtype, "device": str(self.device),
+                "threads": torch.get_num_threads()}
 
     def peak_memory(self) -> int:
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             return max(torch.cuda.max_memory_reserved(self.device), total - free)
         return super().peak_memory()
+
+
+def draw(logits: torch.Tensor, s: Sampling, generator: torch.Generator) -> torch.Tensor:
+    """One token from a row of logits as ``linnet.sampling.sample_host`` defines it, on the logits' device."""
+    scores = logits.double() / s.temperature
+    if s.top_k and s.top_k < scores.numel():
+        cutoff = torch.topk(scores, s.top_k).values[-1]
+        scores = torch.where(scores >= cutoff, scores, float("-inf"))
+    probs = torch.softmax(scores, -1)
+    if s.top_p < 1.0:
+        ranked, order = probs.sort(descending=True, stable=True)
+        before = ranked.cumsum(0) - ranked  # mass of the tokens ranked above each one
+        probs[order[before >= s.top_p]] = 0.0
+        probs /= probs.sum()
+    return torch.multinomial(probs, 1, generator=generator)[0]

@@ -76,19 +76,20 @@ def test_norm_weights_are_folded_into_the_matrices(checkpoint_dir):
     """Layer matrices and an untied head get their norm's weight; a tied head keeps the embedding's."""
     import torch
 
-    from linnet.backends.torch.runner import prepare_weights
+    from linnet.backends.torch.runner import torch_weights
 
     for case, tied in (("qwen2-tied", True), ("qwen3-gqa3", False)):
         weights = open_model(str(checkpoint_dir(case))).weights
+        w = {name: torch.from_numpy(np.array(a, dtype=np.float32)) for name, a in weights.items()}
         program = torch_program(weights.spec)
-        tensors = prepare_weights(weights, program, "f32")
-        qkv = torch.cat([weights[f"layers.1.{p}"] for p in ("q", "k", "v")]).float()
-        assert torch.equal(tensors["layers.1.qkv"], qkv * weights["layers.1.attn_norm"].float())
+        tensors = torch_weights(weights, program)
+        qkv = torch.cat([w[f"layers.1.{p}"] for p in ("q", "k", "v")])
+        assert torch.equal(tensors["layers.1.qkv"], qkv * w["layers.1.attn_norm"])
         assert not any(name.endswith(("attn_norm", "mlp_norm")) for name in tensors)
-        assert torch.equal(tensors["embed"], weights["embed"].float())
+        assert torch.equal(tensors["embed"], w["embed"])
         if tied:
             assert "lm_head" not in tensors and "norm" in tensors
             assert 'register_buffer("lm_head", self.embed' in generate_source(program)
         else:
-            assert torch.equal(tensors["lm_head"], weights["lm_head"].float() * weights["norm"].float())
+            assert torch.equal(tensors["lm_head"], w["lm_head"] * w["norm"])
             assert "norm" not in tensors

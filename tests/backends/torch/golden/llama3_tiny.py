@@ -9,30 +9,17 @@ matrix after it (`rms_linear`), except a tied output head's, whose matrix is the
 A compiled one-token step computes each product as a multiply-and-sum, which inductor turns into one
 loop streaming the weights at memory speed (Linnet compiles it with a pass that writes each product's
 input to a buffer first, so that the loop reads nothing else per weight).
-The KV cache is fixed: [layers][rows, kv_heads, positions, head_dim]. A call writes its keys and values
-at `positions` of `rows` first, then attends causally over the whole row (positions a row has not
-written are masked out), so prefill and decode are one function and every decode step has one shape.
+The KV cache is fixed: [layers][rows, kv_heads, positions, head_dim], written in place (the step never
+reads the old cache again). A call writes its keys and values at `positions` of `rows` first, then
+attends causally over the whole row (positions a row has not written are masked out), so prefill and
+decode are one function and every decode step has one shape. The rotary tables are given to `Model`
+(float32 [positions, HEAD_DIM], as Linnet's `linnet.rope.rope_tables` computes them).
 """
 import torch
 import torch.nn.functional as F
 
 LAYERS = 2
 HEADS, KV_HEADS, HEAD_DIM = 4, 1, 16
-
-
-def rope_tables(positions: int, dtype: torch.dtype, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, [positions, HEAD_DIM], computed in float32 as transformers does."""
-    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM))
-    # Llama 3 scaling: long wavelengths slowed by FACTOR, short ones kept, the band between blended.
-    factor, low, high, original = 8.0, 1.0, 4.0, 64.0
-    wavelen = 2 * torch.pi / inv_freq
-    smooth = (original / wavelen - low) / (high - low)
-    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    inv_freq = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
-    inv_freq = torch.where((wavelen <= original / low) & (wavelen >= original / high), blended, inv_freq)
-    angles = torch.outer(torch.arange(positions, device=device).float(), inv_freq)
-    angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def rms_scale(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -94,10 +81,14 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
-def attention(q, k, v, cache_k, cache_v, rows, positions, mask) -> torch.Tensor:
-    """q [R, T, HEADS, D]; k, v [R, T, KV_HEADS, D] are written into the cache at (rows, positions)."""
-    cache_k[rows[:, None], :, positions] = k
-    cache_v[rows[:, None], :, positions] = v
+def cache_write(cache: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """value [R, T, KV_HEADS, D] written at (rows, positions), in place."""
+    cache[rows[:, None], :, positions] = value
+    return cache
+
+
+def attention(q, cache_k, cache_v, rows, mask) -> torch.Tensor:
+    """q [R, T, HEADS, D] against the rows' cache, causally: mask [R, 1, T, positions]."""
     if compiled_decode(q):
         return decode_attention(q, cache_k[rows], cache_v[rows], mask)
     keys, values = cache_k[rows], cache_v[rows]
@@ -123,29 +114,37 @@ def embedding(tokens: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return table[tokens]
 
 
+def select_tokens(x: torch.Tensor, select: torch.Tensor | None) -> torch.Tensor:
+    """x[r, select[r, s]]: the tokens whose logits are wanted; None keeps every token."""
+    return x if select is None else x[torch.arange(x.shape[0], device=x.device)[:, None], select]
+
+
 def layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask):
     qkv = rms_linear(x, 1e-05, w.qkv, w.qkv_bias)
     q, k, v = qkv.split((64, 16, 16), dim=-1)
-    q = split_heads(q, 4)
-    k = split_heads(k, 1)
-    v = split_heads(v, 1)
-    q = rotary(q, cos, sin)
-    k = rotary(k, cos, sin)
-    a = attention(q, k, v, cache_k, cache_v, rows, positions, mask)
-    a = linear(a, w.o, w.o_bias)
-    x = x + a
-    gate_up = rms_linear(x, 1e-05, w.gate_up)
-    g, u = gate_up.split((128, 128), dim=-1)
-    h = swiglu(g, u)
-    h = linear(h, w.down)
-    x = x + h
-    return x
+    q_heads = split_heads(q, 4)
+    k_heads = split_heads(k, 1)
+    v_heads = split_heads(v, 1)
+    q_rot = rotary(q_heads, cos, sin)
+    k_rot = rotary(k_heads, cos, sin)
+    cache_k_out = cache_write(cache_k, rows, positions, k_rot)
+    cache_v_out = cache_write(cache_v, rows, positions, v_heads)
+    attn = attention(q_rot, cache_k_out, cache_v_out, rows, mask)
+    attn_out = linear(attn, w.o, w.o_bias)
+    x_attn = x + attn_out
+    gate_up = rms_linear(x_attn, 1e-05, w.gate_up)
+    gate, up = gate_up.split((128, 128), dim=-1)
+    act = swiglu(gate, up)
+    mlp_out = linear(act, w.down)
+    x_out = x_attn + mlp_out
+    return x_out, cache_k_out, cache_v_out
 
 
 class Model(torch.nn.Module):
     """Weights (canonical names, linear weights [out, in]) and the KV cache, as buffers."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], rows: int, positions: int, dtype: torch.dtype):
+    def __init__(self, weights: dict[str, torch.Tensor], rope_cos: torch.Tensor, rope_sin: torch.Tensor, rows: int,
+                 dtype: torch.dtype):
         super().__init__()
         self.layers = torch.nn.ModuleList()
         for i in range(LAYERS):
@@ -159,22 +158,24 @@ class Model(torch.nn.Module):
             if not name.startswith("layers."):
                 self.register_buffer(name, tensor, persistent=False)
         device = self.embed.device
+        positions = rope_cos.shape[0]
         shape = (rows, KV_HEADS, positions, HEAD_DIM)
         self.cache_k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(LAYERS)]
         self.cache_v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(LAYERS)]
-        self.cos, self.sin = rope_tables(positions, dtype, device)
+        self.cos, self.sin = rope_cos.to(device, dtype), rope_sin.to(device, dtype)
         self.key_positions = torch.arange(positions, device=device)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, last_only: bool = True):
-        """tokens, positions [R, T]; rows [R]. Logits [R, T or 1, vocab] in float32."""
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+                select: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens, positions [R, T]; rows [R]; select [R, S] or None (every token). Logits [R, S, vocab], float32."""
         w = self
         cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]
         mask = (self.key_positions <= positions[..., None])[:, None]
         x = embedding(tokens, w.embed)
         for w, cache_k, cache_v in zip(self.layers, self.cache_k, self.cache_v):
-            x = layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask)
+            x, _, _ = layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask)  # caches written in place
         w = self
-        if last_only:
-            x = x[:, -1:]
-        logits = rms_linear(x, 1e-05, w.lm_head)
-        return logits.float()
+        x_sel = select_tokens(x, select)
+        logits_act = rms_linear(x_sel, 1e-05, w.lm_head)
+        logits = logits_act.to(torch.float32)
+        return logits

@@ -1,0 +1,109 @@
+"""Execute a Program op by op in NumPy, exactly as ``linnet.program``'s docstring defines each op.
+
+Plain on purpose: this is the executable definition other backends are checked against, not a fast path.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from linnet.program import Op, Program, Section
+
+DTYPES = {"f32": np.float32, "i64": np.int64}
+
+
+def run_step(
+    program: Program,
+    weights: Mapping[str, np.ndarray],
+    inputs: Mapping[str, np.ndarray],
+    caches: tuple[list[np.ndarray], list[np.ndarray]],
+) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    """(logits [R, S, vocab], new cache_k per layer, new cache_v per layer); nothing is updated in place."""
+    act = DTYPES[program.dtype]
+    head_weights = {**weights, "lm_head": weights["embed"]} if program.spec.tie_word_embeddings else weights
+    (x,) = _run(program.embed, {}, inputs, lambda n: weights[n], act)
+    new_k, new_v = [], []
+    for i, (cache_k, cache_v) in enumerate(zip(*caches)):
+        params = {"x": x, "cache_k": cache_k, "cache_v": cache_v}
+        x, k, v = _run(program.layer, params, inputs, lambda n, i=i: weights[f"layers.{i}.{n}"], act)
+        new_k.append(k)
+        new_v.append(v)
+    (logits,) = _run(program.head, {"x": x}, inputs, lambda n: head_weights[n], act)
+    return logits, new_k, new_v
+
+
+def _run(section: Section, params: dict, inputs: Mapping[str, np.ndarray], weight: Callable, act: type) -> list:
+    env = {**inputs, **params}
+    for op in section.ops:
+        args = [weight(i[2:]) if i.startswith("w.") else env[i] for i in op.inputs]
+        outs = OPS[op.kind](op, act, *args)
+        env.update(zip(op.outs, outs if isinstance(outs, tuple) else (outs,)))
+    return [env[r] for r in section.results]
+
+
+def rms_norm(op: Op, act: type, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    x32 = x.astype(np.float32)
+    scale = 1.0 / np.sqrt(np.mean(x32 * x32, axis=-1, keepdims=True) + np.float32(op.attrs["eps"]))
+    return w * (x32 * scale).astype(act)
+
+
+def linear(op: Op, act: type, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    y = x @ w.T
+    return y if b is None else y + b
+
+
+def rotary(op: Op, act: type, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    c = cos[positions].astype(act)[:, :, None, :]  # [R, T, 1, D]: the same for every head
+    s = sin[positions].astype(act)[:, :, None, :]
+    half = x.shape[-1] // 2
+    rotated = np.concatenate((-x[..., half:], x[..., :half]), axis=-1)
+    return x * c + rotated * s
+
+
+def cache_write(op: Op, act: type, cache: np.ndarray, rows: np.ndarray, positions: np.ndarray, v: np.ndarray):
+    out = cache.copy()
+    out[rows[:, None], :, positions] = v  # [R, T] indices around a slice: the indexed view is [R, T, KV, D]
+    return out
+
+
+def attention(op: Op, act: type, q, cache_k, cache_v, rows, positions) -> np.ndarray:
+    r, t, heads, d = q.shape
+    group = heads // cache_k.shape[1]
+    keys = np.repeat(cache_k[rows], group, axis=1).astype(np.float32)  # [R, HEADS, P, D]
+    values = np.repeat(cache_v[rows], group, axis=1).astype(np.float32)
+    scores = np.einsum("rthd,rhpd->rthp", q.astype(np.float32), keys) / np.sqrt(np.float32(d))
+    visible = np.arange(keys.shape[2])[None, None, None, :] <= positions[:, :, None, None]
+    scores = np.where(visible, scores, -np.inf)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    out = np.einsum("rthp,rhpd->rthd", weights, values)
+    return out.astype(act).reshape(r, t, heads * d)
+
+
+def rms_linear(op: Op, act: type, x: np.ndarray, w: np.ndarray, *rest: np.ndarray) -> np.ndarray:
+    norm = rest[-1] if op.attrs.get("norm") else np.ones(x.shape[-1], dtype=act)
+    bias = rest[:-1] if op.attrs.get("norm") else rest
+    return linear(op, act, rms_norm(op, act, x, norm), w, *bias)
+
+
+def split(op: Op, act: type, x: np.ndarray) -> tuple[np.ndarray, ...]:
+    return tuple(np.split(x, np.cumsum(op.attrs["sizes"])[:-1], axis=-1))
+
+
+OPS: dict[str, Callable] = {
+    "embedding": lambda op, act, tokens, table: table[tokens],
+    "rms_norm": rms_norm,
+    "linear": linear,
+    "split": split,
+    "split_heads": lambda op, act, x: x.reshape(*x.shape[:-1], op.attrs["heads"], -1),
+    "rotary": rotary,
+    "cache_write": cache_write,
+    "attention": attention,
+    "swiglu": lambda op, act, gate, up: gate / (1 + np.exp(-gate)) * up,
+    "add": lambda op, act, a, b: a + b,
+    "select": lambda op, act, x, select: np.take_along_axis(x, select[:, :, None], axis=1),
+    "cast": lambda op, act, x: x.astype(DTYPES[op.attrs["dtype"]]),
+    "norm_linear": lambda op, act, x, n, w, *b: linear(op, act, rms_norm(op, act, x, n), w, *b),
+    "rms_linear": rms_linear,
+}

@@ -1,0 +1,57 @@
+"""A backend's weight plan carried out on NumPy arrays, once per model and plan, then mapped from disk.
+
+The plan (fusions and folds, as ``linnet.program`` records them, and the run dtype) is applied to the
+checkpoint's arrays; the result is kept in the converted-weights cache, keyed by the weights' source, the
+plan, and the source text of this module, so that a change to either never reuses an old conversion.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from linnet.dtypes import DTYPES
+from linnet.errors import LinnetError
+from linnet.weight_cache import cached_arrays, code_identity
+from linnet.weights import Weights
+
+SECTIONS = ("layer", "head")
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    dtype: str  # "f32" | "f16" | "bf16": the run dtype, every array's in the result
+    # (new name, parts): per layer, layers.{i}.<parts> concatenated along axis 0 into layers.{i}.<new name>
+    fused: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # (section, weight, norm): weight[:, j] *= norm[j] in float32, rounded once to dtype; the norm is removed.
+    # Section "layer": names within each layer; "head": global names.
+    folded: tuple[tuple[str, str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise LinnetError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
+        for section, _, _ in self.folded:
+            if section not in SECTIONS:
+                raise LinnetError(f"unknown weight-plan section {section!r}; expected one of {SECTIONS}")
+
+
+def plan_weights(weights: Weights, plan: WeightPlan) -> dict[str, np.ndarray]:
+    """``weights`` laid out as ``plan`` says, C-contiguous: fusions first, then folds, then the cast.
+    Mapped read-only from the cache when this source was converted by this plan and code before."""
+    key = f"{plan!r} by {code_identity(sys.modules[__name__])}"
+    return cached_arrays(weights.source, key, lambda: _apply(weights, plan))
+
+
+def _apply(weights: Weights, plan: WeightPlan) -> dict[str, np.ndarray]:
+    arrays = dict(weights)
+    layers = [f"layers.{i}." for i in range(weights.spec.num_layers)]
+    for prefix in layers:
+        for name, parts in plan.fused:
+            arrays[prefix + name] = np.concatenate([arrays.pop(prefix + p) for p in parts])
+    for section, name, norm in plan.folded:
+        for prefix in layers if section == "layer" else [""]:
+            norm_weight = arrays.pop(prefix + norm).astype(np.float32)
+            arrays[prefix + name] = arrays[prefix + name].astype(np.float32) * norm_weight
+    target = DTYPES[plan.dtype].numpy
+    return {name: np.ascontiguousarray(a.astype(target, copy=False)) for name, a in arrays.items()}

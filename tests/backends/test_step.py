@@ -1,0 +1,153 @@
+"""The batched runner step, on every backend: requests joining and leaving rows in any order give the
+tokens each gives alone; a full row reports it while its neighbours go on; sampling happens where the
+model runs and stays reproducible per row."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from linnet.backends import CacheShape, Decode, Prefill, create_runner
+from linnet.backends.registry import backends, get_backend
+from linnet.backends.runner import BAD_TOKENS, CACHE_FULL, OK
+from linnet.generation import Sampling, generate
+from linnet.model import open_model
+
+CASE = "qwen3-gqa3"  # q/k norm, head_dim != hidden / heads, GQA 3
+ROWS, POSITIONS = 3, 64
+STEP_BACKENDS = [b.id for b in backends() if b.id != "torch:cudagraphs"] + ["torch:cudagraphs"]
+QUICK = ["reference:numpy", "torch:eager"]
+
+
+def make_runner(checkpoint_dir, backend: str, rows: int = ROWS, positions: int = POSITIONS):
+    reason = get_backend(backend).unavailable()
+    if reason:
+        pytest.skip(f"{backend}: {reason}")
+    return create_runner(backend, open_model(str(checkpoint_dir(CASE))).weights, CacheShape(rows, positions))
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return np.random.RandomState(seed).randint(3, 331, size=n).tolist()
+
+
+@pytest.mark.parametrize("backend", STEP_BACKENDS)
+def test_interleaved_requests_give_the_tokens_each_gives_alone(checkpoint_dir, backend):
+    runner = make_runner(checkpoint_dir, backend)
+    runner.prefill_chunk = 8  # so the 21-token prompt is prefilled in three chunks
+    requests = {name: (prompt(n, seed), new) for name, n, seed, new in [
+        ("a", 5, 1, 9), ("b", 21, 2, 6), ("c", 3, 3, 12), ("d", 11, 4, 4), ("e", 7, 5, 8), ("f", 2, 6, 5)]}
+    alone = {name: generate(runner, ids, new, eos_ids=[]).token_ids for name, (ids, new) in requests.items()}
+
+    rng = np.random.default_rng(0)
+    waiting, running, got = list(requests), {}, {name: [] for name in requests}  # running: row -> name
+    while waiting or running:
+        free = [r for r in range(ROWS) if r not in running]
+        joining = []
+        if waiting and free and rng.random() < 0.6:  # a new request takes a free row at a random moment
+            name, row = waiting.pop(0), int(rng.choice(free))
+            runner.reset(row)
+            joining.append(Prefill(row, requests[name][0]))
+            running[row] = name
+        decoding = [Decode(row, got[name][-1]) for row, name in running.items() if got[name]]
+        results = runner.step(prefill=joining, decode=decoding)
+        for row, result in results.items():
+            assert result.status == OK
+            name = running[row]
+            got[name].append(result.token)
+            if len(got[name]) == requests[name][1]:
+                del running[row]  # finished: its row is free at once
+    assert got == alone
+
+
+@pytest.mark.parametrize("backend", QUICK)
+def test_a_prompt_split_over_steps_matches_one_prefill(checkpoint_dir, backend):
+    runner = make_runner(checkpoint_dir, backend)
+    ids = prompt(20, seed=7)
+    whole = runner.step(prefill=[Prefill(0, ids)], logits=True)[0]
+    first = runner.step(prefill=[Prefill(1, ids[:12], sample=False)])[1]
+    assert first.status == OK and first.token is None
+    rest = runner.step(prefill=[Prefill(1, ids[12:], start=12)], decode=[Decode(0, whole.token)], logits=True)
+    assert rest[1].token == whole.token
+    assert np.abs(rest[1].logits - whole.logits).max() <= 1e-4
+
+
+@pytest.mark.parametrize("backend", QUICK)
+def test_a_full_row_reports_it_and_its_neighbours_go_on(checkpoint_dir, backend):
+    runner = make_runner(checkpoint_dir, backend, rows=2, positions=16)
+    reference = make_runner(checkpoint_dir, backend, rows=2, positions=16)
+    long, short = prompt(15, seed=8), prompt(4, seed=9)
+    a = runner.step(prefill=[Prefill(0, long), Prefill(1, short)])
+    want = reference.step(prefill=[Prefill(1, short)])[1].token
+    assert a[1].token == want
+    b = runner.step(decode=[Decode(0, a[0].token), Decode(1, a[1].token)])  # row 0 fills its 16th position
+    want = reference.step(decode=[Decode(1, want)])[1].token
+    assert b[0].status == OK and b[1].token == want
+    c = runner.step(decode=[Decode(0, b[0].token), Decode(1, b[1].token)])
+    want = reference.step(decode=[Decode(1, want)])[1].token
+    assert c[0].status == CACHE_FULL and c[0].token is None and "16 positions" in c[0].message
+    assert c[1].status == OK and c[1].token == want
+    assert runner.lengths == [16, 6]
+    bad = runner.step(prefill=[Prefill(0, [5, 331])], decode=[Decode(1, c[1].token)])
+    assert bad[0].status == BAD_TOKENS and "outside the vocabulary of 331" in bad[0].message
+    assert bad[1].status == OK
+
+
+@pytest.mark.parametrize("backend", QUICK)
+def test_seeded_sampling_is_the_same_through_step_and_generate(checkpoint_dir, backend):
+    runner = make_runner(checkpoint_dir, backend)
+    sampling = Sampling(temperature=1.0, top_p=0.95, seed=11)
+    ids = prompt(6, seed=10)
+    want = generate(runner, ids, 12, sampling, eos_ids=[]).token_ids
+    # Through the batched step, in row 2, while row 0 decodes greedily and row 1 samples unseeded beside it.
+    runner.reset(0), runner.reset(1), runner.reset(2)
+    noisy = Sampling(temperature=1.5)
+    out = runner.step(prefill=[Prefill(0, prompt(9, 1)), Prefill(1, prompt(4, 2)), Prefill(2, ids)],
+                      sampling={1: noisy, 2: sampling})
+    got = [out[2].token]
+    while len(got) < 12:
+        out = runner.step(decode=[Decode(r, out[r].token) for r in range(3)], sampling={1: noisy, 2: sampling})
+        got.append(out[2].token)
+    assert got == want
+    other = generate(runner, ids, 12, Sampling(temperature=1.0, top_p=0.95, seed=12), eos_ids=[]).token_ids
+    assert other != want
+
+
+@pytest.mark.parametrize("backend", QUICK)
+def test_top_k_and_top_p_restrict_the_draw(checkpoint_dir, backend):
+    runner = make_runner(checkpoint_dir, backend)
+    ids = prompt(5, seed=12)
+    seen = {"k": set(), "p": set()}
+    for seed in range(40):
+        top_k = runner.step(prefill=[Prefill(0, ids)], sampling={0: Sampling(2.0, top_k=3, seed=seed)}, logits=True)[0]
+        seen["k"].add(top_k.token)
+        top_p = runner.step(prefill=[Prefill(0, ids)], sampling={0: Sampling(1.0, top_p=0.3, seed=seed)})[0]
+        seen["p"].add(top_p.token)
+    logits = top_k.logits.astype(np.float64)
+    ranked = list(np.argsort(-logits))
+    assert seen["k"] <= set(ranked[:3]) and len(seen["k"]) >= 2  # temperature 2: more than one of the three
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    nucleus = set(ranked[:int(np.searchsorted(np.cumsum(probs[ranked]), 0.3)) + 1])
+    assert seen["p"] <= nucleus
+
+
+@pytest.mark.parametrize("backend", QUICK)
+def test_a_decode_step_brings_back_token_ids_not_logits(checkpoint_dir, backend):
+    runner = make_runner(checkpoint_dir, backend, rows=8, positions=32)
+    first = runner.step(prefill=[Prefill(r, prompt(3, r)) for r in range(8)])
+
+    def no_logits(array):
+        raise AssertionError("a step asked for no logits, yet logits were copied to the host")
+
+    runner._to_host = no_logits
+    out = runner.step(decode=[Decode(r, first[r].token) for r in range(8)], sampling={3: Sampling(1.0, seed=1)})
+    assert sorted(out) == list(range(8)) and all(isinstance(r.token, int) for r in out.values())
+
+
+def test_rows_named_twice_or_out_of_range_are_errors(checkpoint_dir):
+    from linnet.errors import LinnetError
+
+    runner = make_runner(checkpoint_dir, "reference:numpy")
+    with pytest.raises(LinnetError, match="once per step"):
+        runner.step(prefill=[Prefill(0, [3])], decode=[Decode(0, 4)])
+    with pytest.raises(LinnetError, match="row 5 is outside"):
+        runner.step(decode=[Decode(5, 4)])
