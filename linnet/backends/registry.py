@@ -40,6 +40,11 @@ class Backend:
         """Why this backend cannot run on this machine, or None when it can."""
         return self.package.unavailable(self.mode)
 
+    def prepare(self) -> None:
+        """Import what loading would import (seconds for a compiler), so that a timed load excludes it."""
+        if self.package.prepare:
+            _load(self.package.prepare)(self.mode)
+
     def create(self, weights: Any, cache: Any, dtype: str = "f32") -> Any:
         """A Runner (``linnet.backends.runner.Runner``) over ``weights`` with a KV cache of ``cache``."""
         if dtype not in self.dtypes:
@@ -62,6 +67,7 @@ class BackendPackage:
     check: str  # check(mode) -> None or the reason it cannot run here
     compile_target: str | None = None  # writer(model, out_dir, dtype) for `linnet compile --target NAME`
     threads: str | None = None  # set_threads(n) for its thread pool
+    prepare: str | None = None  # prepare(mode): imports its load needs, done before a timed load
     benched: bool = True  # `linnet bench` runs it by default (the NumPy reference is for checking, not speed)
 
     def unavailable(self, mode: str) -> str | None:

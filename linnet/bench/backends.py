@@ -1,23 +1,15 @@
 """Linnet's own backends as bench subjects, any of the registry's, driven through the Runner contract only."""
 from __future__ import annotations
 
-import importlib
 import time
 
 import numpy as np
 
 from linnet.backends.registry import Backend
-from linnet.backends.runner import CacheShape, cache_positions
+from linnet.backends.runner import CacheShape, Decode, Prefill, cache_positions
 from linnet.bench.protocol import Job, Subject, TimedGeneration
 from linnet.errors import BackendUnavailable
 from linnet.model import open_model
-
-# Libraries a backend's load would import (seconds) inside the load clock; imported first, untimed, as all are.
-UNTIMED_IMPORTS = {
-    "torch:inductor": ("torch._dynamo", "torch._inductor.compile_fx"),
-    "torch:cudagraphs": ("torch._dynamo", "torch._inductor.compile_fx"),
-}
-
 
 class LinnetSubject(Subject):
     def __init__(self, backend: Backend, job: Job):
@@ -27,8 +19,7 @@ class LinnetSubject(Subject):
         if reason:
             raise BackendUnavailable(reason)  # a row "not run" with the reason, never an estimate
         self.backend, self.job = backend, job
-        for library in UNTIMED_IMPORTS.get(backend.id, ()):
-            importlib.import_module(library)
+        backend.prepare()  # imports its load would otherwise pay inside the load clock: untimed, as all are
 
     def load(self) -> None:
         job = self.job
@@ -37,19 +28,21 @@ class LinnetSubject(Subject):
         self.runner = self.backend.create(model.weights, CacheShape(1, positions), job.dtype)
 
     def generate(self, prompt: list[int], new_tokens: int, record: int) -> TimedGeneration:
+        """Greedy through the batched step, as a server drives it: the token is chosen where the model runs,
+        and logits come to the host only for the ``record`` steps compared with the reference."""
         runner, kept = self.runner, []
 
-        def pick(logits: np.ndarray) -> int:
-            if len(kept) < record:
-                kept.append(np.array(logits, dtype=np.float32))  # a copy: a backend may reuse its buffer
-            return int(np.argmax(logits))
+        def pick(result) -> int:
+            if result.logits is not None:
+                kept.append(result.logits)
+            return result.token
 
         runner.reset(0)
         start = time.perf_counter()
-        tokens = [pick(runner.prefill(0, prompt))]
+        tokens = [pick(runner.step(prefill=[Prefill(0, prompt)], logits=record > 0)[0])]
         first = time.perf_counter()
         while len(tokens) < new_tokens:
-            tokens.append(pick(runner.decode([tokens[-1]])[0]))
+            tokens.append(pick(runner.step(decode=[Decode(0, tokens[-1])], logits=len(kept) < record)[0]))
         end = time.perf_counter()
         return TimedGeneration(first - start, end - first, tokens, np.stack(kept) if kept else None)
 

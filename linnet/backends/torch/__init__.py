@@ -11,4 +11,5 @@ PACKAGE = BackendPackage(
     check="linnet.backends.torch.setup:unavailable",
     compile_target="linnet.backends.torch.artifact:write",
     threads="linnet.backends.torch.setup:set_threads",
+    prepare="linnet.backends.torch.setup:prepare",
 )

@@ -19,6 +19,7 @@ import torch
 
 from linnet.backends.runner import CacheShape, Runner
 from linnet.backends.torch.codegen import generate_source
+from linnet.backends.torch.setup import unavailable
 from linnet.errors import BackendUnavailable, LinnetError
 from linnet.program import Program, build_program, fold_norm_weights, fuse_norm_linears, fuse_projections
 from linnet.rope import rope_tables
@@ -66,10 +67,9 @@ def load_generated_module(source: str) -> ModuleType:
 
 
 def default_device(mode: str) -> str:
-    if mode == "cudagraphs":
-        if not torch.cuda.is_available():
-            raise BackendUnavailable("torch:cudagraphs needs a CUDA GPU, and none is available here")
-        return "cuda"
+    reason = unavailable(mode)
+    if reason:
+        raise BackendUnavailable(f"torch:{mode} cannot run here: {reason}")
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -1,6 +1,7 @@
-"""Whether the torch backend can run here, and its thread pool."""
+"""Whether the torch backend can run here, its thread pool, and the imports its compiled modes need."""
 from __future__ import annotations
 
+import importlib
 import importlib.util
 
 
@@ -19,3 +20,11 @@ def set_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)
+
+
+def prepare(mode: str) -> None:
+    import torch  # noqa: F401  (seconds on its own)
+
+    if mode in ("inductor", "cudagraphs"):
+        for library in ("torch._dynamo", "torch._inductor.compile_fx"):
+            importlib.import_module(library)

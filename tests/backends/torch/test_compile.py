@@ -37,5 +37,5 @@ def test_each_runner_compiles_apart(checkpoint_dir):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
 def test_cudagraphs_without_cuda_is_reported_unavailable(checkpoint_dir):
     weights = open_model(str(checkpoint_dir("qwen2-tied"))).weights
-    with pytest.raises(BackendUnavailable, match="needs a CUDA GPU"):
+    with pytest.raises(BackendUnavailable, match="torch:cudagraphs cannot run here: CUDA graphs need a CUDA GPU"):
         create_runner("torch:cudagraphs", weights, CacheShape(1, 32))
