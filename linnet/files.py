@@ -61,6 +61,6 @@ def map_safetensors(path: Path, names: Collection[str] | None = None) -> dict[st
             if end - begin != count * dtype.itemsize or start + end > len(data):
                 raise ValueError(f"tensor {name!r} needs bytes {start + begin}-{start + end}, the file has {len(data)}")
             arrays[name] = np.frombuffer(data, dtype, count, start + begin).reshape(info["shape"])
-X
+    except (struct.error, ValueError, KeyError, TypeError, AttributeError) as e:  # a header of the wrong shape
         raise WeightError(f"cannot read {path} (truncated or not safetensors): {e}") from None
     return arrays
