@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linnet.dtypes import BY_SAFETENSORS
+from linnet.dtypes import BY_HF, BY_SAFETENSORS
 from linnet.errors import LinnetError, WeightError
 
 
@@ -38,6 +38,34 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
             raise LinnetError(f"cannot write to {path}: {e.strerror or e}") from None
         raise
     return path
+
+
+ALIGNMENT = 64  # a cache line, and a multiple of every vector width
+
+
+def save_aligned_safetensors(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    """A safetensors file whose tensors start on 64-byte boundaries, wherever their sizes allow.
+
+    safetensors' own writer starts the data at 8 bytes past a multiple of 8, so mapped weights land
+    8-byte aligned: inductor then compiles the decode loops for unaligned inputs (3% slower per step in
+    an A/B on an AMD EPYC, docs/NOTEBOOK.md). Here the header is padded with spaces, as the format allows,
+    and tensors whose byte size is a multiple of 64 come first; any reader of the format reads the file.
+    """
+    order = sorted(arrays, key=lambda n: (arrays[n].nbytes % ALIGNMENT != 0, n))
+    header: dict[str, object] = {"__metadata__": metadata}
+    offset = 0
+    for name in order:
+        a = arrays[name]
+        header[name] = {"dtype": BY_HF[a.dtype.name].safetensors, "shape": list(a.shape),
+                        "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % ALIGNMENT)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for name in order:
+            f.write(np.ascontiguousarray(arrays[name]).view(np.uint8).data)
 
 
 def map_safetensors(path: Path, names: Collection[str] | None = None) -> dict[str, np.ndarray]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from linnet.errors import LinnetError
-from linnet.gguf.reader import load_gguf
+from linnet.gguf.format import GGUFFile
+from linnet.gguf.reader import load_gguf, spec_from_gguf
 from linnet.loaded_model import LoadedModel
-from linnet.spec import load_spec
+from linnet.spec import ModelSpec, load_spec
 from linnet.tokenizer import load_tokenizer
 from linnet.weights import load_safetensors
 
@@ -23,6 +24,16 @@ def resolve(model: str) -> Path:
     if not (registry.MODELS_DIR / f"{model_id}.toml").is_file():
         raise LinnetError(f"no such model file or directory, and no registry model named {model!r}")
     return registry.gguf_path(registry.find(model_id))
+
+
+def open_spec(model: str) -> ModelSpec:
+    """Only the model's spec: no weights are read (or dequantised)."""
+    path = resolve(model)
+    if path.is_file() and path.suffix == ".gguf":
+        return spec_from_gguf(GGUFFile(path))
+    if path.is_dir():
+        return load_spec(path)
+    raise LinnetError(f"{path} is neither a Hugging Face model directory nor a .gguf file")
 
 
 def open_model(model: str) -> LoadedModel:

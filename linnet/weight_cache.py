@@ -17,9 +17,9 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
-from safetensors.numpy import save_file
 
-from linnet.files import atomic_write, map_safetensors
+from linnet import files
+from linnet.files import atomic_write, map_safetensors, save_aligned_safetensors
 
 
 def cache_root() -> Path:
@@ -87,7 +87,8 @@ def code_identity(*modules: ModuleType) -> str:
 
 def cached_path(source: str, key: str) -> Path:
     """Where ``source`` converted as ``key`` says is kept."""
-    digest = hashlib.sha256(f"{source}\n{key}".encode()).hexdigest()[:24]
+    # files.py writes the file's layout: a change to it is a new conversion too
+    digest = hashlib.sha256(f"{source}\n{key}\n{code_identity(files)}".encode()).hexdigest()[:24]
     return cache_root() / f"{digest}.safetensors"
 
 
@@ -101,7 +102,8 @@ def cached_arrays(
     path = cached_path(source, key)
     if not path.is_file():
         arrays = {name: np.ascontiguousarray(a) for name, a in build().items()}
-        atomic_write(path, lambda tmp: save_file(arrays, tmp, metadata={"source": source[:1000], "key": key}))
+        metadata = {"source": source[:1000], "key": key}
+        atomic_write(path, lambda tmp: save_aligned_safetensors(tmp, arrays, metadata))
         del arrays
         drop_from_page_cache(path)
     settle_in_huge_pages(path)

@@ -6,7 +6,7 @@
 #          cuts a bench off loses its whole table
 # Each stage fits one device call of 10 minutes, and the default pair fits one of 590 s (240 + 320 s at
 # most, TEST_SECONDS and BENCH_SECONDS); on a warm machine the next call can run the next stage.
-# Runs with that machine's own python3 and packages; .whl holds what it lacks (gguf). Logs go to $OUT.
+# Runs with that machine's own python3 and packages; .whl holds what it lacks (gguf, ml_dtypes). Logs go to $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site LINNET_CACHE=/tmp/linnet-cache

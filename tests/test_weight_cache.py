@@ -53,7 +53,7 @@ def test_a_failed_write_leaves_nothing(monkeypatch):
         Path(path).write_bytes(b"half a file")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(weight_cache, "save_file", full_disk)
+    monkeypatch.setattr(weight_cache, "save_aligned_safetensors", lambda path, arrays, metadata: full_disk(arrays, path, metadata))
     with pytest.raises(LinnetError, match="cannot write to .*: No space left on device"):
         cached_arrays("full-source", "full-conversion", lambda: {"w": np.ones(3, np.float32)})
     path = cached_path("full-source", "full-conversion")
@@ -117,3 +117,18 @@ def test_settling_an_empty_file_is_harmless(tmp_path):
     empty = tmp_path / "empty.safetensors"
     empty.write_bytes(b"")
     settle_in_huge_pages(empty)
+
+
+def test_cached_arrays_start_on_cache_lines_and_read_as_safetensors(tmp_path, monkeypatch):
+    from safetensors import safe_open
+
+    from linnet.weight_cache import cached_arrays, cached_path
+
+    monkeypatch.setenv("LINNET_CACHE", str(tmp_path))
+    arrays = {"odd": np.arange(5, dtype=np.float16), "w": np.arange(48, dtype=np.float32).reshape(3, 16),
+              "b": np.ones(32, np.float32)}
+    got = cached_arrays("some-source", "a-key", lambda: arrays)
+    assert {name: a.ctypes.data % 64 for name, a in got.items() if name != "odd"} == {"w": 0, "b": 0}
+    (path,) = tmp_path.glob("*.safetensors")
+    with safe_open(str(path), "np") as f:
+        assert all((f.get_tensor(name) == a).all() for name, a in arrays.items())

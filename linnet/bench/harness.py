@@ -25,10 +25,9 @@ from linnet import openmp
 from linnet.bench import machine
 from linnet.bench.protocol import PEERS, REFERENCE, Job, empty_row, random_prompt
 from linnet.errors import LinnetError
-from linnet.model import resolve
+from linnet.model import open_spec, resolve
 from linnet.registry.schema import Protocol
 from linnet.results import Against, Machine, Metric, Results, Row
-from linnet.spec import ModelSpec, load_spec
 
 OMP_WAIT_POLICIES = (*openmp.POLICIES, "inherit")
 
@@ -46,7 +45,7 @@ class Settings:
 
 def run_bench(settings: Settings, log: Any = sys.stderr) -> Results:
     path = resolve(settings.model)
-    spec = read_spec(path)
+    spec = open_spec(str(path))  # the parent never loads the weights its workers measure
     threads = settings.threads or machine.cores()
     env = worker_environment(threads, settings.omp_wait_policy)
     if settings.interleave and env.get("OMP_WAIT_POLICY", "").upper() == "ACTIVE":
@@ -88,16 +87,6 @@ def run_bench(settings: Settings, log: Any = sys.stderr) -> Results:
         protocol=settings.protocol,
         rows=rows,
     )
-
-
-def read_spec(path: Path) -> ModelSpec:
-    """Only the spec, for the vocabulary: the parent never loads the weights its workers measure."""
-    if path.suffix == ".gguf":
-        from linnet.gguf.format import GGUFFile
-        from linnet.gguf.reader import spec_from_gguf
-
-        return spec_from_gguf(GGUFFile(path))
-    return load_spec(path)
 
 
 def worker_environment(threads: int, omp_wait_policy: str) -> dict[str, str]:

@@ -14,7 +14,7 @@ from linnet.commands._common import add_model_argument
 from linnet.errors import LinnetError
 from linnet.registry.schema import Protocol
 from linnet.results import save_results
-from linnet.spec import DTYPES
+from linnet.dtypes import DTYPES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="a Linnet backend (repeatable; default: all of them)")
     parser.add_argument("--peer", action="append", choices=tuple(PEERS),
                         help="a peer (repeatable; default: all of them); 'transformers' is the reference")
-    parser.add_argument("--dtype", default="f32", choices=DTYPES)
+    parser.add_argument("--dtype", default="f32", choices=tuple(DTYPES))
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--warmup", type=int, default=3)

@@ -8,7 +8,7 @@ from linnet.backends.registry import packages
 from linnet.commands._common import add_model_argument
 from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
-from linnet.model import open_model
+from linnet.model import open_model, open_spec
 from linnet.program import build_program
 
 
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     if args.target == "program":
-        text = str(build_program(open_model(args.model).spec, args.dtype))
+        text = str(build_program(open_spec(args.model), args.dtype))
         if args.output:
             Path(args.output).write_text(text)
             print(f"wrote {args.output}")

@@ -16,13 +16,13 @@ import torch
 
 from linnet.backends import CacheShape, create_runner
 from linnet.backends.registry import backends, get_backend
+from linnet.dtypes import DTYPES
 from linnet.generation import generate
 from linnet.model import open_model
 
 transformers = pytest.importorskip("transformers")
 
 from checkpoints import CASE_IDS  # noqa: E402  (every shape that breaks naive code)
-HF_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 RELATIVE_TOLERANCE = {"bf16": 0.05, "f16": 0.01}
 VOCAB = 331
 
@@ -50,7 +50,7 @@ def reference(checkpoint_dir, case: str, dtype: str):
     key = (case, dtype)
     if key not in _references:
         _references[key] = transformers.AutoModelForCausalLM.from_pretrained(
-            checkpoint_dir(case), dtype=getattr(torch, HF_DTYPES[dtype])
+            checkpoint_dir(case), dtype=getattr(torch, DTYPES[dtype].hf)
         ).eval()
     return _references[key]
 

@@ -14,7 +14,7 @@ import torch
 from linnet.backends import registry
 from linnet.backends.registry import BackendPackage, get_backend
 from linnet.bench import worker
-from linnet.bench.harness import (Settings, add_comparisons, distance_from_reference, make_row, read_spec, run_bench,
+from linnet.bench.harness import (Settings, add_comparisons, distance_from_reference, make_row, run_bench,
                                   run_turns, worker_environment)
 from linnet.bench.protocol import Job, random_prompt
 from linnet.bench.table import format_results
@@ -149,12 +149,12 @@ def test_transformers_decodes_every_token_even_past_eos(checkpoint_dir, tmp_path
 
 def test_the_parent_reads_only_the_spec(checkpoint_dir, tmp_path: Path):
     from linnet.gguf.export import export_gguf
-    from linnet.model import open_model
+    from linnet.model import open_model, open_spec
 
     source = checkpoint_dir("qwen2-tied")
     model = open_model(str(source))
     gguf = export_gguf(model, tmp_path / "m.gguf", "f16")
-    assert read_spec(source) == model.spec and read_spec(gguf).vocab_size == model.spec.vocab_size
+    assert open_spec(str(source)) == model.spec and open_spec(str(gguf)).vocab_size == model.spec.vocab_size
 
 
 def test_random_prompt():

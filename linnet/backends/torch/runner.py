@@ -21,6 +21,7 @@ from linnet.backends.runner import CacheShape, Runner
 from linnet.backends.torch.codegen import generate_source
 from linnet.backends.torch.setup import unavailable
 from linnet.errors import BackendUnavailable, LinnetError
+from linnet.files import atomic_write
 from linnet.program import Program, build_program, fold_norm_weights, fuse_norm_linears, fuse_projections
 from linnet.rope import rope_tables
 from linnet.sampling import Sampling
@@ -55,9 +56,9 @@ def load_generated_module(source: str) -> ModuleType:
     """Import generated source from a real file, so tracebacks and torch.compile see its lines."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     path = cache_root() / "generated" / f"linnet_torch_{digest}.py"
-    if not path.is_file():
+    if not path.is_file():  # written whole or not at all: another process may be importing it
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(source)
+        atomic_write(path, lambda tmp: tmp.write_text(source))
     if path.stem not in sys.modules:  # registered, since torch.compile re-imports globals' modules by name
         spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(spec)
