@@ -11,9 +11,12 @@ from linnet.backends.registry import backend_ids, get_backend
 from linnet.backends.runner import CacheShape, Decode, Prefill, RowResult, Runner
 
 
-def create_runner(backend: str, weights: Any, cache: CacheShape = CacheShape(), dtype: str = "f32") -> Runner:
-    """A runner of ``backend`` (a registry id) over ``weights``, with a KV cache of ``cache``."""
-    return get_backend(backend).create(weights, cache, dtype)
+def create_runner(
+    backend: str, weights: Any, cache: CacheShape = CacheShape(), dtype: str = "f32", **options: Any
+) -> Runner:
+    """A runner of ``backend`` (a registry id) over ``weights``, with a KV cache of ``cache``; ``options``
+    are the backend's own."""
+    return get_backend(backend).create(weights, cache, dtype, **options)
 
 
 __all__ = ["CacheShape", "Decode", "Prefill", "RowResult", "Runner", "backend_ids", "create_runner"]

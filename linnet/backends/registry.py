@@ -45,14 +45,15 @@ class Backend:
         if self.package.prepare:
             _load(self.package.prepare)(self.mode)
 
-    def create(self, weights: Any, cache: Any, dtype: str = "f32") -> Any:
-        """A Runner (``linnet.backends.runner.Runner``) over ``weights`` with a KV cache of ``cache``."""
+    def create(self, weights: Any, cache: Any, dtype: str = "f32", **options: Any) -> Any:
+        """A Runner (``linnet.backends.runner.Runner``) over ``weights`` with a KV cache of ``cache``;
+        ``options`` are the backend's own (e.g. a device count), passed to its runner."""
         if dtype not in self.dtypes:
             raise LinnetError(f"{self.id} does not run {dtype}; it runs {', '.join(self.dtypes)}")
         reason = self.unavailable()
         if reason:
             raise BackendUnavailable(f"{self.id} cannot run here: {reason}")
-        return _load(self.package.runner)(weights, cache, dtype=dtype, mode=self.mode)
+        return _load(self.package.runner)(weights, cache, dtype=dtype, mode=self.mode, **options)
 
 
 @dataclass(frozen=True)
