@@ -17,7 +17,9 @@ cache rows, ``P`` cache positions. Inputs:
     select     [R, S]   i64  indices into T: the tokens whose logits the step returns
     cache_k, cache_v    [LAYERS, ROWS, KV_HEADS, P, HEAD_DIM]  the run dtype
     rope_cos, rope_sin  [P, HEAD_DIM]  f32, from ``linnet.rope.rope_tables`` (Llama 3 scaling included)
-    weights    ``w.<name>``, canonical names (``linnet.names``), in the run dtype
+    weights    ``w.<name>``, canonical names (``linnet.names``), in the weight dtype: the run dtype, or a
+               narrower one (16-bit weights with f32 arithmetic, for CPUs, whose products are bound by
+               the bytes they read); an op widens a weight to ``act`` where it reads it
 
 and it computes
 
@@ -30,7 +32,7 @@ with its shape and dtype (``infer_types``). A section reads its parameters, the 
 weights; inside ``layer``, ``w.q`` means ``layers.<i>.q``. A tied head's ``w.lm_head`` is ``w.embed``.
 
 Ops (``act`` is the run dtype; ``x[..., F]`` means any leading axes):
-  embedding(tokens, table)              table[tokens]                            [R, T, H]
+  embedding(tokens, table)              table[tokens], in act                    [R, T, H]
   rms_norm(x, w; eps)                   w * cast_act(x32 * rsqrt(mean(x32^2, -1) + eps)), x32 = f32(x);
                                         over the last axis (per head for q/k norm)
   linear(x, w[, b])                     x @ w.T (+ b), w [out, in]                 act
@@ -108,7 +110,8 @@ class Section:
 @dataclass(frozen=True)
 class Program:
     spec: ModelSpec
-    dtype: str  # the run dtype ("act")
+    dtype: str  # the run dtype ("act"): activations and the KV cache
+    weight_dtype: str  # the weights' dtype: ``dtype``, or 16 bits under f32 arithmetic
     embed: Section
     layer: Section
     head: Section
@@ -136,7 +139,8 @@ class Program:
         return format_program(self)
 
 
-def build_program(spec: ModelSpec, dtype: str = "f32") -> Program:
+def build_program(spec: ModelSpec, dtype: str = "f32", weight_dtype: str | None = None) -> Program:
+    """The step of ``spec`` computing in ``dtype``, with weights stored in ``weight_dtype`` (default: ``dtype``)."""
     eps = {"eps": spec.rms_norm_eps}
 
     def linear(out: str, x: str, part: str, biased: bool = False) -> Op:
@@ -172,6 +176,7 @@ def build_program(spec: ModelSpec, dtype: str = "f32") -> Program:
     program = Program(
         spec=spec,
         dtype=dtype,
+        weight_dtype=weight_dtype or dtype,
         embed=Section((), (Op("embedding", ("x",), ("tokens", "w.embed")),), ("x",)),
         layer=Section(("x", "cache_k", "cache_v"), tuple(ops), ("x_out", "cache_k_out", "cache_v_out")),
         head=Section(("x",), (
@@ -206,10 +211,10 @@ def infer_types(program: Program) -> dict[str, dict[str, Value]]:
                 if i.startswith("w.") and i not in env:
                     if i[2:] not in shapes[name]:
                         raise LinnetError(f"{name}: op {op} reads unknown weight {i}")
-                    env[i] = Value(shapes[name][i[2:]], act)
+                    env[i] = Value(shapes[name][i[2:]], program.weight_dtype)
                 elif i not in env:
                     raise LinnetError(f"{name}: op {op} reads {i!r} before it is assigned")
-            results = _infer_op(op, [env[i] for i in op.inputs], spec)
+            results = _infer_op(op, [env[i] for i in op.inputs], spec, act)
             for o, v in zip(op.outs, results, strict=True):
                 if o in env:
                     raise LinnetError(f"{name}: {o!r} is assigned twice (op {op})")
@@ -239,7 +244,7 @@ def _weight_shapes(program: Program) -> dict[str, dict[str, tuple[int, ...]]]:
     return {"embed": top, "layer": layer, "head": top}
 
 
-def _infer_op(op: Op, args: list[Value], spec: ModelSpec) -> list[Value]:
+def _infer_op(op: Op, args: list[Value], spec: ModelSpec, act: str) -> list[Value]:
     a = args[0]
     kind = op.kind
 
@@ -248,7 +253,7 @@ def _infer_op(op: Op, args: list[Value], spec: ModelSpec) -> list[Value]:
             raise LinnetError(f"op {op}: {what} (inputs: {', '.join(map(str, args))})")
 
     if kind == "embedding":
-        return [Value((*a.shape, args[1].shape[1]), args[1].dtype)]
+        return [Value((*a.shape, args[1].shape[1]), act)]
     if kind == "rms_norm":
         need(args[1].shape == (a.shape[-1],), "the norm weight must match the last axis")
         return [a]
@@ -401,10 +406,11 @@ def format_program(program: Program) -> str:
     """The program as text: the signature, then each section's ops with their values' types."""
     spec = program.spec
     types = infer_types(program)
+    weights = "" if program.weight_dtype == program.dtype else f", weights {program.weight_dtype}"
     lines = [
         f"# {spec.architecture}: {spec.num_layers} layers, hidden {spec.hidden_size}, {spec.num_heads} heads "
         f"({spec.num_kv_heads} for keys and values) of {spec.head_dim}, vocabulary {spec.vocab_size}; "
-        f"run dtype {program.dtype}",
+        f"run dtype {program.dtype}{weights}",
         "step(" + ", ".join(f"{n}: {v}" for n, v in program.inputs().items()) + ", weights)",
         "  -> logits, cache_k', cache_v'   (cache_k/cache_v: one per layer)",
     ]

@@ -47,8 +47,8 @@ def compiled_decode(x: torch.Tensor) -> bool:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x [R, T, in] times w [out, in]."""
-    y = decode_product(x, w) if compiled_decode(x) else x @ w.T
+    """x [R, T, in] times w [out, in], widened to x's dtype where it is narrower (16-bit weights)."""
+    y = decode_product(x, w) if compiled_decode(x) else x @ w.to(x.dtype).T
     return y if b is None else y + b
 
 
@@ -70,11 +70,12 @@ def decode_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     [out, rows, in] streams the weights with no call, parallel region or barrier of its own; a BLAS
     matrix-vector product reached half the memory bandwidth on an AMD EPYC, and on an Intel Xeon the
     step with MKL's products was no faster. Sums longer than 4096 are split into equal parts, since
-    inductor accumulates longer ones through a slower cascade.
+    inductor accumulates longer ones through a slower cascade. A 16-bit weight is widened inside the
+    loop, so the loop streams half the bytes.
     """
     size = w.shape[1]
     parts = next(p for p in range(-(-size // 4096), size + 1) if size % p == 0)
-    products = w.view(-1, 1, parts, size // parts) * x[:, 0].view(1, -1, parts, size // parts)
+    products = w.view(-1, 1, parts, size // parts).to(x.dtype) * x[:, 0].view(1, -1, parts, size // parts)
     return products.sum(-1).sum(-1).T[:, None]
 
 
@@ -178,7 +179,7 @@ _TIE = """\
 """
 
 
-def emit_op(op: Op) -> str:
+def emit_op(op: Op, program: Program) -> str:
     """One op as one line of PyTorch. Step inputs are locals of `forward`: the rotary tables gathered at
     the call's positions (`cos`, `sin`) and the causal `mask` are computed there once for every layer."""
     out, args = ", ".join(op.outs), ", ".join(op.inputs)
@@ -203,6 +204,8 @@ def emit_op(op: Op) -> str:
         return f"{out} = select_tokens({args})"
     if op.kind == "cast":
         return f"{out} = {args}.to({_TORCH_DTYPES[op.attrs['dtype']]})"
+    if op.kind == "embedding" and program.weight_dtype != program.dtype:
+        return f"{out} = embedding({args}).to({_TORCH_DTYPES[program.dtype]})"
     if op.kind in ("linear", "swiglu", "embedding", "cache_write"):
         return f"{out} = {op.kind}({args})"
     raise ValueError(f"the torch backend has no emitter for op {op.kind!r}")
@@ -211,12 +214,13 @@ def emit_op(op: Op) -> str:
 _TORCH_DTYPES = {"f32": "torch.float32", "f16": "torch.float16", "bf16": "torch.bfloat16"}
 
 
-def _body(ops: tuple[Op, ...], indent: int) -> str:
-    return "\n".join(" " * indent + emit_op(op) for op in ops)
+def _body(program: Program, ops: tuple[Op, ...], indent: int) -> str:
+    return "\n".join(" " * indent + emit_op(op, program) for op in ops)
 
 
 def generate_source(program: Program) -> str:
-    """The program as a standalone module. It is the same for every run dtype, which `Model` is given."""
+    """The program as a standalone module. `Model` is given the run dtype; weights narrower than it (16-bit
+    weights under f32 arithmetic) are widened where they are read."""
     spec = program.spec
     rope = spec.rope
     dims = (
@@ -234,9 +238,9 @@ def generate_source(program: Program) -> str:
         num_kv_heads=spec.num_kv_heads,
         head_dim=spec.head_dim,
         tie=_TIE if spec.tie_word_embeddings else "",  # fold_norm_weights leaves a tied head unfolded
-        layer_body=_body(program.layer.ops, 4),
+        layer_body=_body(program, program.layer.ops, 4),
         layer_results=", ".join(program.layer.results),
-        embed_body=_body(program.embed.ops, 8),
-        head_body=_body(program.head.ops, 8),
+        embed_body=_body(program, program.embed.ops, 8),
+        head_body=_body(program, program.head.ops, 8),
         head_result=program.head.results[0],
     )

@@ -36,8 +36,12 @@ _VIEWS = {
 }
 
 
+_CASTS = {torch.ops.prims.convert_element_type.default, aten._to_copy.default}
+
+
 def _through_views(node: Any) -> Any:
-    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _VIEWS:
+    """The node a value is a view of; also through dtype casts (16-bit weights widened in the loop)."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _VIEWS | _CASTS:
         node = node.args[0]
     return node
 
@@ -74,7 +78,7 @@ class DecodeStepPass(CustomGraphPass):
             node.meta["inductor_realize_to_strides"] = True  # lowering realizes such a node's value
 
     def uuid(self) -> Any:
-        return "linnet-decode-step-2"
+        return "linnet-decode-step-3"
 
 
 DECODE_STEP_PASS = DecodeStepPass()

@@ -34,8 +34,8 @@ MODES = ("eager", "inductor", "cudagraphs")
 TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
-def torch_program(spec: ModelSpec, dtype: str = "f32") -> Program:
-    return fold_norm_weights(fuse_norm_linears(fuse_projections(build_program(spec, dtype))))
+def torch_program(spec: ModelSpec, dtype: str = "f32", weight_dtype: str | None = None) -> Program:
+    return fold_norm_weights(fuse_norm_linears(fuse_projections(build_program(spec, dtype, weight_dtype))))
 
 
 def torch_weights(weights: Weights, program: Program) -> dict[str, torch.Tensor]:
@@ -98,13 +98,16 @@ class TorchRunner(Runner):
         self.name = f"torch:{mode}"
         self.mode, self.dtype = mode, dtype
         self.device = torch.device(device or default_device(mode))
-        program = torch_program(weights.spec, dtype)
+        # A CPU's one-token products are bound by the bytes they read, and most CPUs lack fast 16-bit
+        # arithmetic: there a 16-bit dtype means 16-bit weights widened inside the f32 product loops.
+        self.act = dtype if self.device.type == "cuda" else "f32"
+        program = torch_program(weights.spec, self.act, weight_dtype=dtype)
         self.source = generate_source(program)
         module = load_generated_module(self.source)
         tensors = {name: t.to(self.device) for name, t in torch_weights(weights, program).items()}
         cos, sin = rope_tables(weights.spec, cache.positions + 1)  # and the scratch position
         self.model = module.Model(tensors, torch.from_numpy(cos), torch.from_numpy(sin), cache.rows,
-                                  TORCH_DTYPES[dtype])
+                                  TORCH_DTYPES[self.act])
         self.all_rows = torch.arange(cache.rows, device=self.device)
         self._prefill_fn, self._decode_fn = self.model, self.model
         if mode in ("inductor", "cudagraphs"):
@@ -181,7 +184,7 @@ class TorchRunner(Runner):
         return chosen.cpu().tolist()
 
     def describe(self) -> dict:
-        return {**super().describe(), "dtype": self.dtype, "device": str(self.device),
+        return {**super().describe(), "dtype": self.dtype, "arithmetic": self.act, "device": str(self.device),
                 "threads": torch.get_num_threads()}
 
     def peak_memory(self) -> int:

@@ -88,3 +88,17 @@ def test_a_product_input_from_a_python_function_is_left_alone():
     x, w = torch.randn(1, 128), torch.randn(512, 64)
     graph = make_fx(lambda x, w: (w * x.split(64, -1)[1]).sum(-1))(x, w).graph
     assert product_inputs(graph) == []
+
+
+def test_a_16_bit_weight_widened_in_the_loop_is_still_a_weight(two_threads_no_graph_cache):
+    x, n = torch.randn(1, 64), torch.randn(64)
+    w = torch.randn(4096, 64).to(torch.bfloat16)
+
+    def widened(x, w, n):
+        return scaled_product(x, w.to(torch.float32), n)
+
+    assert len(product_inputs(make_fx(widened)(x, w, n).graph)) == 1
+    out, [code] = run_and_get_code(torch.compile(widened, options=decode_compile_options()), x, w, n)
+    torch.testing.assert_close(out, widened(x, w, n))
+    loop = _reduction_over_rows(code)
+    assert "std::sqrt" not in loop and "convert<float,2,at::BFloat16" in loop  # reads 16 bits, widens in the loop
