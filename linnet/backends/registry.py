@@ -19,6 +19,7 @@ from linnet.errors import BackendUnavailable, LinnetError
 PACKAGES = (
     "linnet.backends.reference",
     "linnet.backends.torch",
+    "linnet.backends.onnx",
 )
 
 

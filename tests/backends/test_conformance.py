@@ -26,7 +26,7 @@ from checkpoints import CASE_IDS  # noqa: E402  (every shape that breaks naive c
 RELATIVE_TOLERANCE = {"bf16": 0.05, "f16": 0.01}
 VOCAB = 331
 
-UNCOMPILED = {"torch:eager", "reference:numpy"}  # quick to set up in any dtype
+UNCOMPILED = {"torch:eager", "reference:numpy", "onnx:cpu"}  # quick to set up in any dtype
 MATRIX = [(b.id, d) for b in backends() for d in b.dtypes]
 PARAMS = [
     pytest.param(b, d, c, id=f"{b}-{d}-{c}", marks=[pytest.mark.slow] if (b not in UNCOMPILED and d != "f32") else [])

@@ -1,0 +1,79 @@
+"""ONNX files of a model's step: graphs with their weights as external data, and ``linnet compile --target onnx``.
+
+Weights live in one ``weights.bin`` beside the graphs, each tensor at a 4 KiB-aligned offset (ONNX
+Runtime maps aligned external data instead of reading it), so a graph file stays small whatever the
+model's size and models past protobuf's 2 GB limit work. The plain and the ONNX Runtime graph share
+that one file.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from linnet.backends.onnx.graph import GraphOptions, build_graph
+from linnet.program import Program, build_program, fuse_projections
+from linnet.spec import ModelSpec
+from linnet.weight_plan import WeightPlan, plan_weights
+
+DATA = "weights.bin"
+ALIGN = 4096
+GRAPHS = {"plain": "model.onnx", "ort": "model.ort.onnx"}
+
+
+def onnx_program(spec: ModelSpec, dtype: str) -> Program:
+    """The Program with q/k/v and gate/up fused: fewer, larger products (norms stay ops of their own)."""
+    return fuse_projections(build_program(spec, dtype))
+
+
+def planned_arrays(weights: Any, program: Program) -> dict[str, np.ndarray]:
+    return plan_weights(weights, WeightPlan(program.dtype, program.fused, program.folded))
+
+
+def write_weights(arrays: Mapping[str, np.ndarray], path: Path) -> dict[str, tuple[int, int]]:
+    """Every array into one file at aligned offsets; (offset, length) by name."""
+    places = {}
+    with open(path, "wb") as f:
+        for name, array in arrays.items():
+            offset = -(-f.tell() // ALIGN) * ALIGN
+            f.seek(offset)
+            f.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)  # bfloat16 too
+            places[name] = (offset, array.nbytes)
+    return places
+
+
+def attach(model: onnx.ModelProto, weights: Mapping[str, str], places: Mapping[str, tuple[int, int]]) -> None:
+    """Point each declared weight initializer at its place in ``weights.bin``."""
+    for tensor in model.graph.initializer:
+        if tensor.name in weights:
+            offset, length = places[weights[tensor.name]]
+            del tensor.external_data[:]
+            for key, value in (("location", DATA), ("offset", str(offset)), ("length", str(length))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+
+
+def write_graphs(program: Program, arrays: Mapping[str, np.ndarray], out: Path, rope_positions: int,
+                 variants: Mapping[str, GraphOptions]) -> list[str]:
+    """``weights.bin`` and one graph file per variant (``{file name: options}``) under ``out``."""
+    shapes = {name: tuple(a.shape) for name, a in arrays.items()}
+    built = {file: build_graph(program, shapes, rope_positions, options) for file, options in variants.items()}
+    used = sorted({plan for _, weights in built.values() for plan in weights.values()})
+    places = write_weights({name: arrays[name] for name in used}, out / DATA)
+    for file, (model, weights) in built.items():
+        attach(model, weights, places)
+        onnx.save_model(model, out / file)
+    return [*variants, DATA]
+
+
+def write(model: Any, out: Path, dtype: str) -> list[str]:
+    """``linnet compile --target onnx``: the plain graph, the ONNX Runtime graph, and their weights."""
+    program = onnx_program(model.spec, dtype)
+    arrays = planned_arrays(model.weights, program)
+    variants = {GRAPHS[v]: GraphOptions(variant=v) for v in GRAPHS}
+    written = write_graphs(program, arrays, out, model.spec.max_positions, variants)
+    return [f"{written[0]} (plain ONNX, opset 18)", f"{written[1]} (ONNX Runtime contrib ops)",
+            f"{written[2]} ({dtype} weights, external data)"]

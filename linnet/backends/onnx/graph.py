@@ -1,0 +1,345 @@
+"""The Program's step as an ONNX graph, built node by node with ``onnx.helper`` (no tracing).
+
+The graph is the whole batched step (``linnet.program``):
+
+    step(tokens [R, T], positions [R, T], rows [R], select [R, S], cache_k.<i>, cache_v.<i>)
+        -> logits [R, S, VOCAB] f32, next_ids [R, S] i64 (the argmax), cache_k.<i>.out, cache_v.<i>.out
+
+with one ``[ROWS, KV_HEADS, P, HEAD_DIM]`` cache per layer, ``P`` free, and the rotary tables and the
+weights as initializers. Two variants of one emitter:
+
+- ``plain``: standard ONNX operators only (opset 18), for any ONNX consumer.
+- ``ort``: ONNX Runtime's contrib operators where they replace several plain ones:
+  SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (norm and residual add in one pass,
+  accumulated in float32) and com.microsoft RotaryEmbedding.
+
+Arithmetic follows the Program: norms and attention in float32 (the mask is a ``Where`` over float32
+scores, so nothing overflows in f16), products in the run dtype. ``compute`` may be wider than the
+run dtype: where a provider lacks 16-bit kernels (bfloat16 on the CPU provider), values are held in
+float32 and rounded to the run dtype after every op that the Program rounds, so the numbers are the
+run dtype's while the arithmetic runs where kernels exist.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from linnet.program import Op, Program
+
+OPSET = 18
+ONNX_TYPES = {"f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16,
+              "i64": TensorProto.INT64}
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    variant: str = "plain"  # "plain" | "ort"
+    compute: str | None = None  # the dtype ops run in; None: the run dtype
+
+
+class _Emitter:
+    """Appends nodes to one graph; every value is named once (SSA), as in the Program."""
+
+    def __init__(self, program: Program, options: GraphOptions):
+        self.program, self.spec = program, program.spec
+        self.act = program.dtype
+        self.compute = options.compute or program.dtype
+        self.contrib = options.variant == "ort"
+        self.nodes: list[onnx.NodeProto] = []
+        self.constants: list[onnx.TensorProto] = []
+        self._names: set[str] = set()
+        self._shared: dict[str, str] = {}  # per-step values every layer reuses
+        self.weight_shapes: dict[str, tuple[int, ...]] = {}  # each weight's value name -> its shape
+        self.lead_source = "tokens"
+
+    def emit_section(self, section, env: dict[str, str], weight) -> None:
+        for op in section.ops:
+            self.emit(op, env, weight)
+
+    # -- building blocks -------------------------------------------------------------------------
+    def fresh(self, hint: str) -> str:
+        name, n = hint, 1
+        while name in self._names:
+            n += 1
+            name = f"{hint}_{n}"
+        self._names.add(name)
+        return name
+
+    def node(self, op: str, inputs: list[str], hint: str, outs: int = 1, domain: str = "", **attrs) -> str | list[str]:
+        names = [self.fresh(hint if outs == 1 else f"{hint}_{k}") for k in range(outs)]
+        self.nodes.append(helper.make_node(op, inputs, names, name=names[0], domain=domain or None, **attrs))
+        return names[0] if outs == 1 else names
+
+    def const(self, hint: str, value: np.ndarray) -> str:
+        name = self.fresh(hint)
+        self.constants.append(onnx.numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def ints(self, *values: int) -> str:
+        key = f"ints{values}"
+        if key not in self._shared:
+            self._shared[key] = self.const("ints", np.array(values, dtype=np.int64))
+        return self._shared[key]
+
+    def scalar(self, value: float, dtype: str) -> str:
+        key = f"scalar{value}{dtype}"
+        if key not in self._shared:
+            array = np.array(value, dtype=np.float32)
+            tensor = helper.make_tensor(self.fresh("scalar"), ONNX_TYPES[dtype], [], [float(array)])
+            self.constants.append(tensor)
+            self._shared[key] = tensor.name
+        return self._shared[key]
+
+    def cast(self, x: str, dtype: str, hint: str = "cast") -> str:
+        return self.node("Cast", [x], hint, to=ONNX_TYPES[dtype])
+
+    def rounded(self, x: str) -> str:
+        """x rounded to the run dtype, where ops compute in a wider one."""
+        if self.compute == self.act:
+            return x
+        return self.cast(self.cast(x, self.act, f"{x}_round"), self.compute, f"{x}_r")
+
+    def to_f32(self, x: str) -> str:
+        return x if self.compute == "f32" else self.cast(x, "f32", f"{x}_f32")
+
+    # -- the Program's ops -----------------------------------------------------------------------
+    def emit(self, op: Op, env: dict[str, str], weight) -> None:
+        args = [weight(i[2:]) if i.startswith("w.") else env[i] for i in op.inputs]
+        outs = getattr(self, f"op_{op.kind}")(op, *args)
+        env.update(zip(op.outs, outs if isinstance(outs, list) else [outs]))
+
+    def op_embedding(self, op: Op, tokens: str, table: str) -> str:
+        return self.node("Gather", [table, tokens], "x", axis=0)
+
+    def op_rms_norm(self, op: Op, x: str, w: str) -> str:
+        eps = op.attrs["eps"]
+        if self.contrib:  # accumulates in float32 for every input type (stash_type 1)
+            return self.rounded(self.node("SimplifiedLayerNormalization", [x, w], "norm", axis=-1, epsilon=eps))
+        x32 = self.to_f32(x)
+        mean = self.node("ReduceMean", [self.node("Mul", [x32, x32], "sq"), self.ints(-1)], "ms", keepdims=1)
+        scale = self.node("Reciprocal", [self.node("Sqrt", [self.node("Add", [mean, self.scalar(eps, "f32")], "ms_eps")],
+                                                   "rms")], "inv_rms")
+        normed = self.rounded(self.node("Mul", [x32, scale], "normed"))
+        if self.compute != "f32":
+            normed = self.cast(normed, self.compute, "normed_act")
+        return self.rounded(self.node("Mul", [w, normed], "norm"))
+
+    def op_linear(self, op: Op, x: str, w: str, b: str | None = None) -> str:
+        # Gemm reads w as stored ([out, in], transB): no transposed copy of any weight, a tied head included
+        flat = self.node("Reshape", [x, self.ints(-1, self._width(w, in_axis=True))], "flat")
+        y = self.node("Gemm", [flat, w, *([b] if b else [])], "gemm", transB=1)
+        lead = self._leading(x)
+        return self.rounded(self.node("Reshape", [y, self.node("Concat", [lead, self.ints(self._width(w))], "shape",
+                                                               axis=0)], "linear"))
+
+    def op_split(self, op: Op, x: str) -> list[str]:
+        return self.node("Split", [x, self.ints(*op.attrs["sizes"])], "part", outs=len(op.outs), axis=-1)
+
+    def op_split_heads(self, op: Op, x: str) -> str:
+        return self.node("Reshape", [x, self.ints(0, 0, op.attrs["heads"], self.spec.head_dim)], "heads")
+
+    def op_rotary(self, op: Op, x: str, positions: str, cos: str, sin: str) -> str:
+        if self.contrib:  # com.microsoft RotaryEmbedding: [R, T, heads, D] as [R, T, heads * D]
+            heads = self._heads(op)
+            flat = self.node("Reshape", [x, self.ints(0, 0, -1)], "rot_in")
+            cos_half, sin_half = self._shared["cos_half"], self._shared["sin_half"]
+            y = self.node("RotaryEmbedding", [flat, positions, cos_half, sin_half], "rot", domain="com.microsoft",
+                          interleaved=0, num_heads=heads)
+            return self.rounded(self.node("Reshape", [y, self.ints(0, 0, heads, self.spec.head_dim)], "rot_heads"))
+        c, s = self._rope_gathered()
+        half = self.spec.head_dim // 2
+        lo, hi = self.node("Split", [x, self.ints(half, half)], "half", outs=2, axis=-1)
+        rotated = self.node("Concat", [self.node("Neg", [hi], "neg"), lo], "rot_half", axis=-1)
+        a = self.rounded(self.node("Mul", [x, c], "xc"))
+        b = self.rounded(self.node("Mul", [rotated, s], "rs"))
+        return self.rounded(self.node("Add", [a, b], "rot"))
+
+    def op_cache_write(self, op: Op, cache: str, rows: str, positions: str, v: str) -> str:
+        # named as the step's output, so that a caller binding one buffer as input and output updates it in place
+        out = f"{cache}.out"
+        self._names.add(out)
+        self.nodes.append(helper.make_node("ScatterND", [cache, self._scatter_index(), v], [out], name=out))
+        return out
+
+    def op_attention(self, op: Op, q: str, cache_k: str, cache_v: str, rows: str, positions: str) -> str:
+        spec = self.spec
+        heads, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        group = heads // kv
+        # queries grouped per key/value head: [R, KV, G * T, D]
+        grouped = self.node("Reshape", [q, self.ints(0, 0, kv, group, d)], "q_grouped")
+        grouped = self.node("Transpose", [grouped], "q_t", perm=[0, 2, 3, 1, 4])
+        grouped = self.to_f32(self.node("Reshape", [grouped, self.ints(0, kv, -1, d)], "q_kv"))
+        keys = self._cache_f32(self.node("Gather", [cache_k, rows], "keys", axis=0))  # [R, KV, P, D]
+        values = self._cache_f32(self.node("Gather", [cache_v, rows], "values", axis=0))
+        scores = self.node("MatMul", [grouped, self.node("Transpose", [keys], "keys_t", perm=[0, 1, 3, 2])], "scores")
+        scores = self.node("Div", [scores, self.scalar(math.sqrt(d), "f32")], "scaled")
+        masked = self.node("Where", [self._visible(group), scores, self.scalar(-math.inf, "f32")], "masked")
+        weights = self.node("Softmax", [masked], "probs", axis=-1)
+        out = self.node("MatMul", [weights, values], "attn_kv")  # [R, KV, G * T, D]
+        out = self.node("Reshape", [out, self.ints(0, kv, group, -1, d)], "attn_g")
+        out = self.node("Transpose", [out], "attn_t", perm=[0, 3, 1, 2, 4])  # [R, T, KV, G, D]
+        out = self.node("Reshape", [out, self.ints(0, 0, heads * d)], "attn_merged")
+        return self.rounded(out if self.compute == "f32" else self.cast(out, self.compute, "attn"))
+
+    def op_swiglu(self, op: Op, gate: str, up: str) -> str:
+        silu = self.rounded(self.node("Mul", [gate, self.node("Sigmoid", [gate], "sig")], "silu"))
+        return self.rounded(self.node("Mul", [silu, up], "swiglu"))
+
+    def op_add(self, op: Op, a: str, b: str) -> str:
+        return self.rounded(self.node("Add", [a, b], "sum"))
+
+    def op_select(self, op: Op, x: str, select: str) -> str:
+        index = self.node("Unsqueeze", [select, self.ints(-1)], "sel_index")
+        shape = self.node("Concat", [self.node("Shape", [select], "sel_shape"), self.ints(self.spec.hidden_size)],
+                          "sel_full", axis=0)
+        return self.node("GatherElements", [x, self.node("Expand", [index, shape], "sel_expanded")], "x_sel", axis=1)
+
+    def op_cast(self, op: Op, x: str) -> str:
+        return x if self.compute == op.attrs["dtype"] else self.cast(x, op.attrs["dtype"], "logits")
+
+    # -- per-step values, built once and shared by every layer ----------------------------------
+    def _once(self, key: str, build) -> str:
+        if key not in self._shared:
+            self._shared[key] = build()
+        return self._shared[key]
+
+    def _rope_gathered(self) -> tuple[str, str]:
+        def table(name: str) -> str:
+            gathered = self.node("Gather", [f"rope_{name}", "positions"], f"{name}_pos", axis=0)  # [R, T, D]
+            gathered = self.node("Unsqueeze", [gathered, self.ints(2)], f"{name}_heads")
+            return self.rounded(gathered if self.compute == "f32" else self.cast(gathered, self.compute, name))
+        return self._once("cos", lambda: table("cos")), self._once("sin", lambda: table("sin"))
+
+    def _scatter_index(self) -> str:
+        """[R, T, KV, 3] indices (rows[r], head, positions[r, t]) into a [ROWS, KV, P, D] cache."""
+        def build() -> str:
+            kv = self.spec.num_kv_heads
+            shape = self.node("Concat", [self.node("Shape", ["positions"], "rt"), self.ints(kv, 1)], "rtk1", axis=0)
+            rows = self.node("Reshape", ["rows", self.ints(-1, 1, 1, 1)], "rows_b")
+            heads = self.const("kv_heads", np.arange(kv, dtype=np.int64).reshape(1, 1, kv, 1))
+            positions = self.node("Unsqueeze", ["positions", self.ints(2, 3)], "pos_b")
+            parts = [self.node("Expand", [p, shape], "index_part") for p in (rows, heads, positions)]
+            return self.node("Concat", parts, "scatter_index", axis=-1)
+        return self._once("scatter_index", build)
+
+    def _visible(self, group: int) -> str:
+        """[R, 1, G * T, P] bool: cache position p is visible to the query at (g, t) when p <= positions[t]."""
+        def build() -> str:
+            length = self.node("Shape", ["cache_k.0"], "cache_len", start=2, end=3)
+            p = self.node("Range", [self._zero(), self.node("Squeeze", [length], "p_len"), self._one()], "p")
+            q = self.node("Tile", ["positions", self.ints(1, group)], "q_pos")  # [R, G * T], g-major as the queries
+            return self.node("LessOrEqual", [p, self.node("Unsqueeze", [q, self.ints(1, 3)], "q_b")], "visible")
+        return self._once("visible", build)
+
+    def _zero(self) -> str:
+        return self._once("zero", lambda: self.const("zero", np.array(0, dtype=np.int64)))
+
+    def _one(self) -> str:
+        return self._once("one", lambda: self.const("one", np.array(1, dtype=np.int64)))
+
+    def _cache_f32(self, x: str) -> str:
+        return x if self.compute == "f32" else self.cast(x, "f32", f"{x}_f32")
+
+    def _leading(self, x: str) -> str:
+        """[R, T] in the layers, [R, S] in the head: the leading axes every activation there shares."""
+        source = self.lead_source
+        return self._once(f"lead:{source}", lambda: self.node("Shape", [source], "lead"))
+
+    def _heads(self, op: Op) -> int:
+        return self.spec.num_heads if op.outs[0].startswith("q") else self.spec.num_kv_heads
+
+    def _width(self, w: str, in_axis: bool = False) -> int:
+        return self.weight_shapes[w][1 if in_axis else 0]
+
+
+def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], rope_positions: int,
+                options: GraphOptions = GraphOptions()) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """The step as a ModelProto whose weights are declared but not filled (``attach_weights`` does).
+
+    ``weight_shapes`` are the weight plan's arrays' shapes by name; rope tables cover ``rope_positions``.
+    Returns the model and, per initializer name of a weight, the weight plan's name.
+    """
+    spec = program.spec
+    e = _Emitter(program, options)
+    weights: dict[str, str] = {}  # initializer name -> plan name
+    stored = program.dtype  # weights are stored in the run dtype, cast once where compute is wider
+
+    def weight(plan_name: str) -> str:
+        def declare() -> str:
+            name = "w." + plan_name
+            weights[name] = plan_name
+            e._names.add(name)
+            if e.compute == stored:
+                e.weight_shapes[name] = weight_shapes[plan_name]
+                return name
+            wide = e.cast(name, e.compute, f"{name}.{e.compute}")  # folded into a constant at session load
+            e.weight_shapes[wide] = weight_shapes[plan_name]
+            return wide
+        return e._once(f"weight:{plan_name}", declare)
+
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, shape) for n, shape in
+              (("tokens", ["R", "T"]), ("positions", ["R", "T"]), ("rows", ["R"]), ("select", ["R", "S"]))]
+    cache_type = ONNX_TYPES[e.compute]
+    cache_shape = ["ROWS", spec.num_kv_heads, "P", spec.head_dim]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["R", "S", spec.vocab_size]),
+               helper.make_tensor_value_info("next_ids", TensorProto.INT64, ["R", "S"])]
+    e._names.update(("tokens", "positions", "rows", "select", "logits", "next_ids"))
+    rope = _rope_initializers(program, rope_positions, e)
+
+    env = {n: n for n in ("tokens", "positions", "rows", "select", "rope_cos", "rope_sin")}
+    e.emit_section(program.embed, env, weight)
+    x = env["x"]
+    for i in range(spec.num_layers):
+        names = {kind: f"cache_{kind}.{i}" for kind in "kv"}
+        for kind in "kv":
+            e._names.add(names[kind])
+            inputs.append(helper.make_tensor_value_info(names[kind], cache_type, cache_shape))
+            outputs.append(helper.make_tensor_value_info(f"{names[kind]}.out", cache_type, cache_shape))
+        layer_env = {**env, "x": x, "cache_k": names["k"], "cache_v": names["v"]}
+        e.emit_section(program.layer, layer_env, lambda n, i=i: weight(f"layers.{i}.{n}"))
+        x = layer_env["x_out"]
+    head_weights = (lambda n: weight("embed" if n == "lm_head" else n)) if spec.tie_word_embeddings else weight
+    head_env = {**env, "x": x}
+    e.lead_source = "select"
+    e.emit_section(program.head, head_env, head_weights)
+    e.nodes.append(helper.make_node("Identity", [head_env["logits"]], ["logits"]))
+    e.nodes.append(helper.make_node("ArgMax", [head_env["logits"]], ["next_ids"], axis=-1, keepdims=0))
+
+    declared = [_declared(name, ONNX_TYPES[stored], weight_shapes[plan]) for name, plan in weights.items()]
+    graph = helper.make_graph(e.nodes, f"linnet_{spec.architecture}_step", inputs, outputs,
+                              initializer=[*rope, *e.constants, *declared])
+    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid("com.microsoft", 1)] if e.contrib else [])
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="linnet")
+    model.ir_version = 9  # opset 18's; readable by ONNX Runtime 1.15+ and onnx 1.14+
+    return model, weights
+
+
+def _declared(name: str, data_type: int, shape: tuple[int, ...]) -> onnx.TensorProto:
+    """A weight's initializer, its data to be attached as external data."""
+    tensor = onnx.TensorProto(name=name, data_type=data_type, dims=shape)
+    tensor.data_location = TensorProto.EXTERNAL
+    return tensor
+
+
+def _rope_initializers(program: Program, positions: int, e: _Emitter) -> list[onnx.TensorProto]:
+    """The rotary tables: the Program's f32 [positions, D] tables (plain), or the half tables in the
+    compute dtype, rounded to the run dtype, that com.microsoft RotaryEmbedding takes (ort)."""
+    from linnet.dtypes import DTYPES
+    from linnet.rope import rope_tables
+
+    cos, sin = rope_tables(program.spec, positions)
+    if not e.contrib:
+        e._names.update({"rope_cos", "rope_sin"})
+        return [onnx.numpy_helper.from_array(cos, "rope_cos"), onnx.numpy_helper.from_array(sin, "rope_sin")]
+    half, tables = program.spec.head_dim // 2, []
+    for name, table in (("cos_half", cos), ("sin_half", sin)):
+        rounded = table[:, :half].astype(DTYPES[program.dtype].numpy).astype(DTYPES[e.compute].numpy)
+        tables.append(onnx.numpy_helper.from_array(np.ascontiguousarray(rounded), f"rope_{name}"))
+        e._shared[name] = f"rope_{name}"
+        e._names.add(f"rope_{name}")
+    return tables

@@ -1,0 +1,163 @@
+"""Run the step's ONNX graph with ONNX Runtime, the KV cache kept where the provider runs.
+
+The session is built once at load from graph files kept in Linnet's cache (written on the first load of
+a model, dtype and variant). Each layer's cache is one buffer on the provider's device, bound with I/O
+binding as both the step's input and its output: ScatterND writes the new keys and values into it in
+place, and nothing of the cache crosses to the host. The graph's ArgMax brings back only token ids for
+greedy rows; a sampled row's logits come to the host for ``linnet.sampling``.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from linnet.backends.onnx import export, graph
+from linnet.backends.onnx.export import onnx_program, planned_arrays, write_graphs
+from linnet.backends.onnx.graph import GraphOptions
+from linnet.backends.onnx.setup import PROVIDERS, threads, unavailable
+from linnet.backends.runner import CacheShape, Runner
+from linnet.dtypes import DTYPES
+from linnet.errors import BackendUnavailable, LinnetError
+from linnet.files import atomic_write
+from linnet.sampling import Sampling, sample_host
+from linnet.weight_cache import cache_root, code_identity
+from linnet.weights import Weights
+
+DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda"}
+GRAPH_FILE = "model.onnx"
+
+
+def graph_options(mode: str, dtype: str) -> GraphOptions:
+    """The graph a provider runs best: contrib ops for ONNX Runtime's own kernels, plain ONNX for
+    TensorRT (which parses standard operators only); bfloat16 on the CPU provider, which has no
+    bfloat16 products, held in float32 and rounded to bfloat16 after every op."""
+    variant = "plain" if mode == "tensorrt" else "ort"
+    return GraphOptions(variant, "f32" if (mode == "cpu" and dtype == "bf16") else None)
+
+
+@dataclass
+class StepOutput:
+    logits: Any  # OrtValue [R, S, vocab] f32, on the provider's device
+    ids: np.ndarray  # [R, S] i64: each selected token's argmax
+
+
+class OnnxRunner(Runner):
+    def __init__(self, weights: Weights, cache: CacheShape = CacheShape(), dtype: str = "f32", mode: str = "cpu"):
+        if mode not in PROVIDERS:
+            raise LinnetError(f"unknown onnx mode {mode!r}; choose from {', '.join(PROVIDERS)}")
+        reason = unavailable(mode)
+        if reason:
+            raise BackendUnavailable(f"onnx:{mode} cannot run here: {reason}")
+        super().__init__(weights.spec, cache)
+        start = time.perf_counter()
+        self.name, self.mode, self.dtype = f"onnx:{mode}", mode, dtype
+        self.device = DEVICES[mode]
+        self.options = graph_options(mode, dtype)
+        self._kept: tempfile.TemporaryDirectory | None = None
+        path = self._graph_file(weights, max(weights.spec.max_positions, cache.positions + 1))
+        self.session = self._session(path)
+        self._bind_caches()
+        self.load_time = weights.load_time + time.perf_counter() - start
+
+    # -- load ------------------------------------------------------------------------------------
+    def _graph_file(self, weights: Weights, rope_positions: int) -> Path:
+        """The graph and its weights on disk, written on the first load and kept in Linnet's cache."""
+        program = onnx_program(weights.spec, self.dtype)
+        key = f"{weights.source}|{self.dtype}|{self.options}|{rope_positions}|{code_identity(graph, export)}"
+
+        def write(directory: Path) -> None:
+            directory.mkdir(parents=True)
+            write_graphs(program, planned_arrays(weights, program), directory, rope_positions,
+                         {GRAPH_FILE: self.options})
+
+        if weights.source is None:  # weights made in memory: nothing to key a cache by
+            self._kept = tempfile.TemporaryDirectory(prefix="linnet-onnx-")
+            write(Path(self._kept.name) / "graph")
+            return Path(self._kept.name) / "graph" / GRAPH_FILE
+        directory = cache_root() / "onnx" / hashlib.sha256(key.encode()).hexdigest()[:24]
+        if not (directory / GRAPH_FILE).is_file():
+            atomic_write(directory, write)
+        return directory / GRAPH_FILE
+
+    def _session(self, path: Path) -> ort.InferenceSession:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = threads()
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3  # warnings about the optimizer's own choices are not the user's
+        provider = PROVIDERS[self.mode]
+        providers: list[Any] = [provider]
+        if self.mode == "tensorrt":  # engines are built once and kept beside the graph
+            engines = path.parent / "tensorrt"
+            providers = [(provider, {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(engines),
+                                     "trt_fp16_enable": self.dtype == "f16", "trt_bf16_enable": self.dtype == "bf16"}),
+                         "CUDAExecutionProvider"]
+        try:
+            return ort.InferenceSession(str(path), options, providers=providers)
+        except Exception as e:  # onnxruntime raises its own classes, each with the failing node in the text
+            raise LinnetError(self._load_error(str(e))) from None
+
+    def _load_error(self, message: str) -> str:
+        missing = re.search(r"Could not find an implementation for (\w+)\((\d+)\)", message)
+        if missing:
+            op, version = missing.groups()
+            other = [d for d in ("f32", "f16") if d != self.dtype]
+            return (f"onnx:{self.mode}: ONNX Runtime's {PROVIDERS[self.mode]} has no {self.dtype} kernel for "
+                    f"{op} (opset {version}); the nearest that runs: --dtype {' or '.join(other)}")
+        return f"onnx:{self.mode}: ONNX Runtime could not build the session: {message.splitlines()[0]}"
+
+    def _bind_caches(self) -> None:
+        """Each layer's cache: one zeroed buffer on the device, bound as input and output of every step."""
+        spec = self.spec
+        shape = (self.cache.rows, spec.num_kv_heads, self.cache.positions + 1, spec.head_dim)  # + scratch
+        dtype = DTYPES[self.options.compute or self.dtype].numpy
+        self.binding = self.session.io_binding()
+        self._bind_results()  # first: a rebound name keeps its place, so the results stay outputs 0 and 1
+        self.caches = []
+        for name in (i.name for i in self.session.get_inputs() if i.name.startswith("cache_")):
+            value = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), self.device, 0)
+            self.binding.bind_ortvalue_input(name, value)
+            self.binding.bind_ortvalue_output(f"{name}.out", value)
+            self.caches.append(value)
+
+    # -- the step --------------------------------------------------------------------------------
+    def _forward(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray | None):
+        if select is None:
+            select = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int64), tokens.shape)
+        inputs = {"tokens": tokens, "positions": positions, "rows": rows, "select": select}
+        for name, array in inputs.items():
+            self.binding.bind_cpu_input(name, np.ascontiguousarray(array, dtype=np.int64))
+        self._bind_results()
+        self.session.run_with_iobinding(self.binding)
+        logits, ids = self.binding.get_outputs()[:2]
+        return StepOutput(logits, ids.numpy())
+
+    def _bind_results(self) -> None:
+        """Fresh buffers for each step's results: a step's logits outlive the next step's."""
+        self.binding.bind_output("logits", self.device)
+        self.binding.bind_output("next_ids", "cpu")  # only the ids cross to the host
+
+    def _stack(self, picks: list[tuple[StepOutput, int]]) -> list[tuple[StepOutput, int]]:
+        return picks  # each row's logits stay where they are until a row needs them
+
+    def _to_host(self, array: Any) -> np.ndarray:
+        if isinstance(array, StepOutput):
+            return array.logits.numpy()
+        return np.stack([step.logits.numpy()[index, 0] for step, index in array])
+
+    def _sample(self, picks: list[tuple[StepOutput, int]], samplers: list[tuple[Sampling, Any]]) -> list[int]:
+        return [int(step.ids[index, 0]) if sampling.greedy else
+                sample_host(step.logits.numpy()[index, 0], sampling, rng)
+                for (step, index), (sampling, rng) in zip(picks, samplers)]
+
+    def describe(self) -> dict:
+        return {**super().describe(), "dtype": self.dtype, "provider": PROVIDERS[self.mode],
+                "graph": self.options.variant, "threads": threads() or "default"}
