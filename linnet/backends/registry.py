@@ -20,6 +20,7 @@ PACKAGES = (
     "linnet.backends.reference",
     "linnet.backends.torch",
     "linnet.backends.onnx",
+    "linnet.backends.xla",
 )
 
 
@@ -51,6 +52,10 @@ class Backend:
         ``options`` are the backend's own (e.g. a device count), passed to its runner."""
         if dtype not in self.dtypes:
             raise LinnetError(f"{self.id} does not run {dtype}; it runs {', '.join(self.dtypes)}")
+        unknown = sorted(set(options) - set(self.package.options))
+        if unknown:
+            takes = f"it takes {', '.join(self.package.options)}" if self.package.options else "it takes none"
+            raise LinnetError(f"{self.id} has no option {', '.join(unknown)}; {takes}")
         reason = self.unavailable()
         if reason:
             raise BackendUnavailable(f"{self.id} cannot run here: {reason}")
@@ -70,6 +75,7 @@ class BackendPackage:
     compile_target: str | None = None  # writer(model, out_dir, dtype) for `linnet compile --target NAME`
     threads: str | None = None  # set_threads(n) for its thread pool
     prepare: str | None = None  # prepare(mode): imports its load needs, done before a timed load
+    options: tuple[str, ...] = ()  # runner options it takes beyond the common ones (e.g. "devices")
     benched: bool = True  # `linnet bench` runs it by default (the NumPy reference is for checking, not speed)
 
     def unavailable(self, mode: str) -> str | None:

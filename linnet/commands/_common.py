@@ -21,12 +21,15 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="torch:eager", choices=backend_ids())
     parser.add_argument("--dtype", default="f32", choices=tuple(DTYPES))
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: the backend's choice)")
+    parser.add_argument("--devices", type=int, default=1,
+                        help="shard the model over N devices, tensor-parallel (xla:jax; default: 1)")
 
 
 def make_runner(model: LoadedModel, args: argparse.Namespace, positions: int, rows: int = 1) -> Runner:
     if args.threads:
         get_backend(args.backend).package.set_threads(args.threads)
-    return create_runner(args.backend, model.weights, CacheShape(rows, positions), dtype=args.dtype)
+    options = {"devices": args.devices} if getattr(args, "devices", 1) != 1 else {}
+    return create_runner(args.backend, model.weights, CacheShape(rows, positions), dtype=args.dtype, **options)
 
 
 __all__ = ["add_model_argument", "add_runner_arguments", "make_runner", "open_model"]

@@ -151,3 +151,11 @@ def test_rows_named_twice_or_out_of_range_are_errors(checkpoint_dir):
         runner.step(prefill=[Prefill(0, [3])], decode=[Decode(0, 4)])
     with pytest.raises(LinnetError, match="row 5 is outside"):
         runner.step(decode=[Decode(5, 4)])
+
+
+def test_an_option_a_backend_does_not_take_is_named(checkpoint_dir):
+    from linnet.errors import LinnetError
+
+    weights = open_model(str(checkpoint_dir(CASE))).weights
+    with pytest.raises(LinnetError, match="reference:numpy has no option devices; it takes none"):
+        create_runner("reference:numpy", weights, CacheShape(1, 16), devices=2)

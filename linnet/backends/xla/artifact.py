@@ -1,0 +1,111 @@
+"""``linnet compile --target xla``: the generated JAX source with a standalone loader, and Linnet's own
+StableHLO modules with their calling convention, over one weights file."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from linnet.backends.xla.codegen import generate_source
+from linnet.backends.xla.layout import stacked_weights, xla_program
+from linnet.backends.xla.stablehlo import Sizes, arguments, emit_module
+from linnet.rope import rope_tables
+
+PREFILL_LENGTH = 64  # the StableHLO prefill module's tokens per call (pad shorter prompts; see the convention)
+
+LOADER = '''\\
+"""Load the generated JAX model and greedy-decode a few tokens. Standalone: jax, numpy and safetensors.
+
+    python run.py 1 2 3          # prompt token ids; prints the next {new} greedy token ids
+"""
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from safetensors.numpy import load_file
+
+from model import KV_HEADS, HEAD_DIM, LAYERS, step
+
+HERE = Path(__file__).parent
+
+
+def load(rows: int = 1, positions: int = {positions}):
+    """The step (jitted, caches donated), its weights as the pytree `step` takes, the rotary tables and
+    an empty KV cache."""
+    weights = {{"layers": {{}}}}
+    for name, array in load_file(HERE / "weights.safetensors").items():
+        layer_part = name.removeprefix("layers.")
+        (weights["layers"] if layer_part != name else weights)[layer_part] = jnp.asarray(array)
+    rope = load_file(HERE / "rope.safetensors")  # float32 [positions, HEAD_DIM]
+    cache = jnp.zeros((LAYERS, rows, KV_HEADS, positions, HEAD_DIM), weights["embed"].dtype)
+    jitted = jax.jit(step, donate_argnames=("cache_k", "cache_v"))
+    return jitted, weights, (rope["cos"][:positions], rope["sin"][:positions]), cache, cache.copy()
+
+
+if __name__ == "__main__":
+    step, weights, (cos, sin), cache_k, cache_v = load()
+    prompt = [int(t) for t in sys.argv[1:]] or [1]
+    tokens, positions = jnp.array([prompt]), jnp.arange(len(prompt))[None]
+    out = []
+    for _ in range({new}):
+        select = jnp.array([[tokens.shape[1] - 1]])
+        logits, cache_k, cache_v = step(weights, cache_k, cache_v, cos, sin, tokens, positions, jnp.array([0]), select)
+        out.append(int(logits[0, 0].argmax()))
+        tokens, positions = jnp.array([[out[-1]]]), positions[:, -1:] + 1
+    print(*out)
+'''
+
+
+def write(model: Any, out: Path, dtype: str) -> list[str]:
+    spec = model.spec
+    program = xla_program(spec, dtype)
+    positions = min(256, spec.max_positions)
+    (out / "model.py").write_text(generate_source(program))
+    save_file({name: np.ascontiguousarray(a) for name, a in stacked_weights(model.weights, program).items()},
+              str(out / "weights.safetensors"))
+    cos, sin = rope_tables(spec, spec.max_positions)
+    save_file({"cos": cos, "sin": sin}, str(out / "rope.safetensors"))
+    (out / "run.py").write_text(LOADER.format(positions=positions, new=8))
+    (out / "stablehlo").mkdir()
+    modules = {"decode": Sizes(1, 1, 1, 1, positions), "prefill": Sizes(1, PREFILL_LENGTH, 1, 1, positions)}
+    for name, sizes in modules.items():
+        (out / "stablehlo" / f"{name}.mlir").write_text(emit_module(program, sizes, name))
+    convention = calling_convention(program, modules)
+    (out / "stablehlo" / "calling_convention.json").write_text(json.dumps(convention, indent=1) + "\n")
+    return ["model.py", f"weights.safetensors ({dtype})", "rope.safetensors", "run.py",
+            *(f"stablehlo/{name}.mlir" for name in modules), "stablehlo/calling_convention.json"]
+
+
+def calling_convention(program: Any, modules: dict[str, Sizes]) -> dict[str, Any]:
+    """What each module's ``main`` takes and returns, and where each weight argument is in the files."""
+    def source(name: str) -> dict[str, Any]:
+        if name.startswith("layers."):
+            _, index, part = name.split(".", 2)
+            return {"file": "weights.safetensors", "tensor": f"layers.{part}", "index": int(index)}
+        if name.startswith("rope_"):
+            return {"file": "rope.safetensors", "tensor": name.removeprefix("rope_"), "rows": "the first P"}
+        return {"file": "weights.safetensors", "tensor": name}
+
+    inputs = {"tokens", "positions", "rows", "select"}
+    return {
+        "entry_point": "main",
+        "about": "Arguments in order. Integer inputs are i32: tokens, positions [R, T] (positions < P; a padding "
+                 "token writes position P - 1, which no real query reads), rows [R] (distinct), select [R, S] "
+                 "(indices into T). cache_k.<i>, cache_v.<i> start as zeros and are donated: results 1.. alias "
+                 "them in argument order and are the next call's caches. Result 0: logits [R, S, vocab] f32. "
+                 "A weight's source 'index' is its layer along the stacked tensor's first axis.",
+        "modules": {
+            name: {
+                "file": f"{name}.mlir", "sizes": asdict(sizes),
+                "arguments": [{"name": n, "shape": list(shape), "dtype": dtype,
+                               **({} if n in inputs or n.startswith("cache_") else {"source": source(n)})}
+                              for n, shape, dtype in arguments(program, sizes)],
+            }
+            for name, sizes in modules.items()
+        },
+    }

@@ -1,0 +1,50 @@
+"""The XLA backends' program and weight layout: each layer's weights stacked along a first axis of LAYERS.
+
+On one device the program fuses q/k/v and gate/up and folds the norms' weights into the matrices (as
+torch's); sharded over several devices it keeps every projection apart, so that splitting a matrix's
+rows (or columns) over the devices splits whole heads, and no product's output needs regrouping.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from linnet.program import Program, build_program, fold_norm_weights, fuse_norm_linears, fuse_projections
+from linnet.spec import ModelSpec
+from linnet.weight_cache import cached_arrays, code_identity
+from linnet.weight_plan import WeightPlan, plan_weights
+from linnet.weights import Weights
+
+
+def xla_program(spec: ModelSpec, dtype: str = "f32", sharded: bool = False) -> Program:
+    program = build_program(spec, dtype)
+    return program if sharded else fold_norm_weights(fuse_norm_linears(fuse_projections(program)))
+
+
+def stacked_weights(weights: Weights, program: Program) -> dict[str, np.ndarray]:
+    """Flat names (``embed``, ``layers.qkv`` [LAYERS, ...]) in the program's layout and dtype, converted
+    once and then mapped from the converted-weights cache."""
+    plan = WeightPlan(program.dtype, program.fused, program.folded)
+    layers = weights.spec.num_layers
+
+    def build() -> dict[str, np.ndarray]:
+        arrays = plan_weights(weights, plan)
+        out = {name: a for name, a in arrays.items() if not name.startswith("layers.")}
+        for name in {n.split(".", 2)[2] for n in arrays if n.startswith("layers.")}:
+            out[f"layers.{name}"] = np.stack([arrays[f"layers.{i}.{name}"] for i in range(layers)])
+        return out
+
+    key = f"stacked {plan!r} by {code_identity(sys.modules[__name__])}"
+    return cached_arrays(weights.source, key, build)
+
+
+def as_tree(flat: dict[str, object]) -> dict[str, object]:
+    """``{"embed": .., "layers": {"qkv": ..}}``: the pytree the generated ``step`` takes."""
+    tree: dict[str, object] = {"layers": {}}
+    for name, array in flat.items():
+        if name.startswith("layers."):
+            tree["layers"][name.removeprefix("layers.")] = array
+        else:
+            tree[name] = array
+    return tree

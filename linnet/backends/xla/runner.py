@@ -1,0 +1,185 @@
+"""Run a Program through XLA: ``xla:jax`` (generated JAX source, jitted) or ``xla:stablehlo`` (Linnet's own
+StableHLO, compiled by the PJRT client jaxlib ships). Both keep every shape fixed, so each compiles once:
+decode runs every cache row with one token, and prefill chunks are padded to one length, the padding
+writing the scratch position and never selected. Tokens are drawn on the device; only their ids leave it.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import random
+import sys
+import time
+from types import ModuleType
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linnet.backends.runner import CacheShape, Runner
+from linnet.backends.xla.codegen import generate_source
+from linnet.backends.xla.layout import as_tree, stacked_weights, xla_program
+from linnet.backends.xla.sharding import Sharding
+from linnet.dtypes import DTYPES
+from linnet.errors import LinnetError
+from linnet.files import atomic_write
+from linnet.rope import rope_tables
+from linnet.sampling import Sampling
+from linnet.weight_cache import cache_root
+from linnet.weights import Weights
+
+MODES = ("jax", "stablehlo")
+
+
+def create(weights: Weights, cache: CacheShape = CacheShape(), dtype: str = "f32", mode: str = "jax",
+           devices: int = 1) -> Runner:
+    if mode == "jax":
+        return JaxRunner(weights, cache, dtype, devices)
+    if mode == "stablehlo":
+        from linnet.backends.xla.stablehlo_runner import StableHloRunner
+
+        if devices != 1:
+            raise LinnetError("xla:stablehlo runs on one device; --devices N is for xla:jax")
+        return StableHloRunner(weights, cache, dtype)
+    raise LinnetError(f"unknown xla mode {mode!r}; choose from {', '.join(MODES)}")
+
+
+def load_generated_module(source: str) -> ModuleType:
+    """Import generated source from a real file, so tracebacks and profiles show its lines."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    path = cache_root() / "generated" / f"linnet_jax_{digest}.py"
+    if not path.is_file():  # written whole or not at all: another process may be importing it
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda tmp: tmp.write_text(source))
+    if path.stem not in sys.modules:
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module
+        spec.loader.exec_module(module)
+    return sys.modules[path.stem]
+
+
+class _Key:
+    """A row's random stream: a JAX key on the device, advanced by each draw."""
+
+    def __init__(self, seed: int):
+        self.key = jax.random.PRNGKey(seed)
+
+
+class XlaRunner(Runner):
+    """The Runner hooks over JAX arrays; subclasses compile the step (``_call``)."""
+
+    def __init__(self, weights: Weights, cache: CacheShape, dtype: str, mode: str):
+        if dtype not in DTYPES:
+            raise LinnetError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+        super().__init__(weights.spec, cache)
+        self.name, self.dtype = f"xla:{mode}", dtype
+        self.positions = cache.positions + 1  # and the scratch position
+        self._greedy = jax.jit(lambda logits: jnp.argmax(logits, axis=-1))
+        self._draw = None  # the generated `sample`, jitted; set by subclasses
+
+    def _call(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray) -> jax.Array:
+        raise NotImplementedError
+
+    def _forward(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray | None):
+        r, t = tokens.shape
+        if t == 1 and select is None:  # a decode step: every row, one token
+            return self._call(tokens, positions, rows, np.zeros((r, 1), np.int64))
+        length = self.padded_length
+        pad = ((0, 0), (0, length - t))
+        tokens = np.pad(tokens, pad)
+        positions = np.pad(positions, pad, constant_values=self.scratch_position)
+        every = select is None
+        if every:
+            select = np.broadcast_to(np.arange(length), (r, length))
+        out = self._call(tokens, positions, rows, select)
+        return out[:, :t] if every else out
+
+    @property
+    def padded_length(self) -> int:
+        """The one length of every prefill chunk (a chunk never exceeds the cache)."""
+        return min(self.prefill_chunk, self.cache.positions)
+
+    # -- sampling on the device: only the chosen ids come back ----------------------------------------
+    def _stack(self, picks: list[tuple[Any, int]]) -> jax.Array:
+        """[ROWS, vocab], the picks first: one shape for every step, so the draw compiles once."""
+        arrays = {id(a) for a, _ in picks}
+        indices = [i for _, i in picks]
+        if len(arrays) == 1:
+            stacked = picks[0][0][np.array(indices), 0]
+        else:
+            stacked = jnp.stack([a[i, 0] for a, i in picks])
+        return jnp.pad(stacked, ((0, self.cache.rows - len(picks)), (0, 0)))
+
+    def _to_host(self, array: Any) -> np.ndarray:
+        return np.asarray(array, dtype=np.float32)
+
+    def _new_rng(self, seed: int | None) -> _Key:
+        return _Key(random.getrandbits(32) if seed is None else seed)
+
+    def _sample(self, logits: jax.Array, samplers: list[tuple[Sampling, Any]]) -> list[int]:
+        n = len(samplers)
+        if all(s.greedy for s, _ in samplers):
+            return np.asarray(self._greedy(logits))[:n].tolist()
+        rows = self.cache.rows
+        temperature, top_k, top_p = np.zeros(rows, np.float32), np.zeros(rows, np.int32), np.ones(rows, np.float32)
+        for i, (s, _) in enumerate(samplers):
+            if not s.greedy:
+                temperature[i], top_k[i], top_p[i] = s.temperature, s.top_k, s.top_p
+        unused = jax.random.PRNGKey(0)
+        keys = jnp.stack([key.key for _, key in samplers] + [unused] * (rows - n))
+        tokens, keys = self._draw(logits, temperature, top_k, top_p, keys)
+        for i, (s, key) in enumerate(samplers):
+            if not s.greedy:
+                key.key = keys[i]
+        return np.asarray(tokens)[:n].tolist()
+
+    def describe(self) -> dict:
+        return {**super().describe(), "dtype": self.dtype, "device": str(jax.devices()[0])}
+
+    def peak_memory(self) -> int:
+        """The device's allocator peak where it reports one (a GPU); the process's peak RSS on a CPU."""
+        stats = jax.devices()[0].memory_stats() or {}
+        return stats.get("peak_bytes_in_use") or super().peak_memory()
+
+
+class JaxRunner(XlaRunner):
+    """The generated JAX module's ``step`` under ``jax.jit``, its caches donated."""
+
+    def __init__(self, weights: Weights, cache: CacheShape = CacheShape(), dtype: str = "f32", devices: int = 1):
+        super().__init__(weights, cache, dtype, "jax")
+        start = time.perf_counter()
+        spec = weights.spec
+        self.devices = devices
+        program = xla_program(spec, dtype, sharded=devices > 1)
+        self.source = generate_source(program)
+        module = load_generated_module(self.source)
+        flat = stacked_weights(weights, program)
+        shape = (spec.num_layers, cache.rows, spec.num_kv_heads, self.positions, spec.head_dim)
+        cos, sin = rope_tables(spec, self.positions)
+        act = DTYPES[dtype].numpy
+        if devices == 1:
+            self.weights = as_tree({name: jax.device_put(a) for name, a in flat.items()})
+            self.cache_k, self.cache_v = jnp.zeros(shape, act), jnp.zeros(shape, act)
+            self.rope = jax.device_put(cos), jax.device_put(sin)
+            self._step = jax.jit(module.step, donate_argnames=("cache_k", "cache_v"))
+        else:
+            sharding = Sharding(spec, devices)
+            self.weights = as_tree(sharding.put(flat))
+            self.cache_k = jax.device_put(np.zeros(shape, act), sharding.cache)
+            self.cache_v = jax.device_put(np.zeros(shape, act), sharding.cache)
+            self.rope = tuple(jax.device_put(t, sharding.replicated) for t in (cos, sin))
+            out = (sharding.replicated, sharding.cache, sharding.cache)
+            self._step = jax.jit(module.step, donate_argnames=("cache_k", "cache_v"), out_shardings=out)
+        self._draw = jax.jit(module.sample)
+        self.load_time = weights.load_time + time.perf_counter() - start
+
+    def _call(self, tokens, positions, rows, select) -> jax.Array:
+        logits, self.cache_k, self.cache_v = self._step(
+            self.weights, self.cache_k, self.cache_v, *self.rope,
+            tokens.astype(np.int32), positions.astype(np.int32), rows.astype(np.int32), select.astype(np.int32))
+        return logits
+
+    def describe(self) -> dict:
+        return {**super().describe(), "devices": self.devices}

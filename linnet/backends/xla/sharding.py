@@ -1,0 +1,61 @@
+"""Tensor parallelism over N devices with ``jax.sharding``: a one-axis mesh, XLA's SPMD partitioner doing
+the rest.
+
+The query heads and the MLP's intermediate columns are split over the devices (q/k/v and gate/up by
+their output rows, o and down by their input columns), so each device computes its own heads and its
+share of the MLP, and one sum across devices follows each of o and down. The KV cache is split by kv
+head when the devices divide the kv heads; with fewer kv heads than devices (MQA) the keys and values
+are computed and kept whole on every device; so is the MLP where the devices do not divide its width.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from linnet.errors import LinnetError
+from linnet.spec import ModelSpec
+
+AXIS = "model"
+_BY_OUTPUT = {"q", "q_bias"}  # [LAYERS, out, in] and [LAYERS, out]: rows split
+_BY_INPUT = {"o"}  # [LAYERS, out, in]: columns split
+_KV = {"k", "k_bias", "v", "v_bias"}  # rows split when the devices divide the kv heads
+_MLP_BY_OUTPUT, _MLP_BY_INPUT = {"gate", "up"}, {"down"}  # when the devices divide the intermediate size
+
+
+def check_devices(spec: ModelSpec, devices: int) -> None:
+    present = jax.devices()
+    if devices < 1:
+        raise LinnetError(f"--devices must be at least 1, got {devices}")
+    if devices > len(present):
+        raise LinnetError(f"--devices {devices} asks for more devices than the {len(present)} "
+                          f"{present[0].platform} device(s) JAX sees here")
+    if spec.num_heads % devices:
+        raise LinnetError(f"--devices {devices} does not divide the model's {spec.num_heads} attention heads")
+
+
+class Sharding:
+    """Where each stacked weight, the KV cache and everything else live on an N-device mesh."""
+
+    def __init__(self, spec: ModelSpec, devices: int):
+        check_devices(spec, devices)
+        self.mesh = Mesh(jax.devices()[:devices], (AXIS,))
+        self.kv_split = spec.num_kv_heads % devices == 0
+        self.mlp_split = spec.intermediate_size % devices == 0
+        self.replicated = self._named()
+        self.cache = self._named(None, None, AXIS) if self.kv_split else self.replicated
+
+    def _named(self, *axes: str | None) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec(*axes))
+
+    def weight(self, name: str) -> NamedSharding:
+        part = name.removeprefix("layers.")
+        if part in _BY_OUTPUT or (self.kv_split and part in _KV) or (self.mlp_split and part in _MLP_BY_OUTPUT):
+            return self._named(None, AXIS)
+        if part in _BY_INPUT or (self.mlp_split and part in _MLP_BY_INPUT):
+            return self._named(None, None, AXIS)
+        return self.replicated
+
+    def put(self, flat: dict[str, Any]) -> dict[str, jax.Array]:
+        return {name: jax.device_put(array, self.weight(name)) for name, array in flat.items()}

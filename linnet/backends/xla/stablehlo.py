@@ -1,0 +1,319 @@
+"""Lower a Linnet program to StableHLO MLIR text, op by op, for fixed sizes: no JAX tracing involved.
+
+One module is one step of fixed shape (decode: every cache row, one token; prefill: one row, a padded
+chunk), its entry point ``main``. The calling convention (``arguments``) is the Program's step with the
+layers unrolled: ``tokens, positions, rows, select`` (i32), each layer's ``cache_k.<i>`` then each
+``cache_v.<i>`` [ROWS, KV_HEADS, P, HEAD_DIM], ``rope_cos, rope_sin`` [P, HEAD_DIM] f32, then the weights
+by name in the program's layout (``linnet.weight_plan``); results: logits [R, S, VOCAB] f32 and the
+caches in argument order, each cache result aliasing its argument (the caller donates the caches and
+XLA writes them in place). Every op carries its source location: the section, layer and Program op it
+lowers, and its own value's name, which XLA's errors name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from linnet.program import Op, Program, infer_types
+
+_TYPES = {"f32": "f32", "f16": "f16", "bf16": "bf16", "i32": "i32", "i1": "i1"}
+
+
+@dataclass(frozen=True)
+class V:
+    """An SSA value: its name, shape and element type."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def type(self) -> str:
+        return tensor_type(self.shape, self.dtype)
+
+
+def tensor_type(shape: tuple[int, ...], dtype: str) -> str:
+    return f"tensor<{''.join(f'{n}x' for n in shape)}{_TYPES[dtype]}>"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    R: int
+    T: int
+    S: int
+    ROWS: int
+    P: int
+
+
+def arguments(program: Program, sizes: Sizes) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, dtype) of each argument of ``main``, in order: the calling convention."""
+    spec, act = program.spec, program.dtype
+    cache = (sizes.ROWS, spec.num_kv_heads, sizes.P, spec.head_dim)
+    args = [("tokens", (sizes.R, sizes.T), "i32"), ("positions", (sizes.R, sizes.T), "i32"),
+            ("rows", (sizes.R,), "i32"), ("select", (sizes.R, sizes.S), "i32")]
+    args += [(f"cache_k.{i}", cache, act) for i in range(spec.num_layers)]
+    args += [(f"cache_v.{i}", cache, act) for i in range(spec.num_layers)]
+    args += [(f"rope_{t}", (sizes.P, spec.head_dim), "f32") for t in ("cos", "sin")]
+    return args + [(name, shape, act) for name, shape in weight_shapes(program)]
+
+
+def weight_shapes(program: Program) -> list[tuple[str, tuple[int, ...]]]:
+    """The weights ``main`` takes, by canonical name (``layers.<i>.qkv``), in argument order."""
+    types = infer_types(program)
+    top = sorted({n[2:] for s in ("embed", "head") for n in types[s] if n.startswith("w.")})
+    if program.spec.tie_word_embeddings:
+        top.remove("lm_head")  # the head reads the embedding
+    per_layer = sorted(n[2:] for n in types["layer"] if n.startswith("w."))
+
+    def shape(section: str, name: str) -> tuple[int, ...]:
+        return tuple(types[section][f"w.{name}"].shape)
+
+    out = [(n, shape("head" if f"w.{n}" in types["head"] else "embed", n)) for n in top]
+    for i in range(program.spec.num_layers):
+        out += [(f"layers.{i}.{n}", shape("layer", n)) for n in per_layer]
+    return out
+
+
+def emit_module(program: Program, sizes: Sizes, name: str) -> str:
+    """The module ``name`` with entry point ``main``: one step of the program at ``sizes``."""
+    return _Emitter(program, sizes).module(name)
+
+
+class _Emitter:
+    def __init__(self, program: Program, sizes: Sizes):
+        self.program, self.sizes, self.act = program, sizes, program.dtype
+        self.lines: list[str] = []
+        self.count = 0
+        self.loc = "step"
+        self.rope: tuple[V, V] | None = None
+
+    # -- the module --------------------------------------------------------------------------------
+    def module(self, name: str) -> str:
+        program, spec = self.program, self.program.spec
+        args = {n: V(f"%{n}", shape, dtype) for n, shape, dtype in arguments(program, self.sizes)}
+        layers = spec.num_layers
+        env = dict(args)
+        (x,) = self.section("embed", program.embed, env, lambda w: args[w])
+        caches_k, caches_v = [], []
+        for i in range(layers):
+            params = {"x": x, "cache_k": args[f"cache_k.{i}"], "cache_v": args[f"cache_v.{i}"]}
+            x, k, v = self.section(f"layer {i}", program.layer, {**env, **params}, lambda w, i=i: args[f"layers.{i}.{w}"])
+            caches_k.append(k)
+            caches_v.append(v)
+        head_weight = (lambda w: args["embed" if w == "lm_head" else w]) if spec.tie_word_embeddings \
+            else (lambda w: args[w])
+        (logits,) = self.section("head", program.head, {**env, "x": x}, head_weight)
+        results = [logits, *caches_k, *caches_v]
+        first_cache = 4  # the caches follow tokens, positions, rows, select
+        signature = ", ".join(
+            f"{a.name}: {a.type}" + (f" {{tf.aliasing_output = {i - first_cache + 1} : i32}}"
+                                     if first_cache <= i < first_cache + 2 * layers else "")
+            for i, a in enumerate(args.values()))
+        body = "\n".join(f"    {line}" for line in self.lines)
+        return (
+            f"module @{name} attributes {{mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32}} {{\n"
+            f"  func.func public @main({signature}) -> ({', '.join(r.type for r in results)}) {{\n"
+            f"{body}\n"
+            f"    return {', '.join(r.name for r in results)} : {', '.join(r.type for r in results)}\n"
+            f"  }}\n}}\n"
+        )
+
+    def section(self, where: str, section, env: dict, weight) -> list[V]:
+        for op in section.ops:
+            self.loc = f"{where}: {', '.join(op.outs)} = {op.kind}"
+            args = [weight(i[2:]) if i.startswith("w.") else env[i] for i in op.inputs]
+            outs = getattr(self, f"op_{op.kind}")(op, *args)
+            env.update(zip(op.outs, outs if isinstance(outs, list) else [outs]))
+        return [env[r] for r in section.results]
+
+    # -- one line each ---------------------------------------------------------------------------------
+    def emit(self, text: str, shape: tuple[int, ...], dtype: str) -> V:
+        self.count += 1
+        value = V(f"%v{self.count}", tuple(shape), dtype)
+        self.lines.append(f'{value.name} = {text} loc("{self.loc} ({value.name})")')
+        return value
+
+    def const(self, value: float | int, dtype: str, shape: tuple[int, ...] = ()) -> V:
+        if dtype == "i32":
+            literal = str(int(value))
+        else:  # MLIR float literals need a decimal point; -inf is spelled as its bits
+            literal = "0xFF800000" if value == float("-inf") else f"{float(value):.17e}"
+        scalar = self.emit(f"stablehlo.constant dense<{literal}> : {tensor_type((), dtype)}", (), dtype)
+        return self.broadcast(scalar, shape, []) if shape else scalar
+
+    def broadcast(self, x: V, shape: tuple[int, ...], dims: list[int]) -> V:
+        if x.shape == tuple(shape):
+            return x
+        out_type = tensor_type(shape, x.dtype)
+        return self.emit(f"stablehlo.broadcast_in_dim {x.name}, dims = {list(dims)} : ({x.type}) -> {out_type}",
+                         shape, x.dtype)
+
+    def trailing(self, x: V, shape: tuple[int, ...]) -> V:
+        """x broadcast along leading axes to shape (x's axes are shape's last ones)."""
+        return self.broadcast(x, shape, list(range(len(shape) - len(x.shape), len(shape))))
+
+    def leading(self, x: V, shape: tuple[int, ...]) -> V:
+        """x broadcast along trailing axes to shape (x's axes are shape's first ones)."""
+        return self.broadcast(x, shape, list(range(len(x.shape))))
+
+    def binary(self, kind: str, a: V, b: V) -> V:
+        return self.emit(f"stablehlo.{kind} {a.name}, {b.name} : {a.type}", a.shape, a.dtype)
+
+    def unary(self, kind: str, a: V) -> V:
+        return self.emit(f"stablehlo.{kind} {a.name} : {a.type}", a.shape, a.dtype)
+
+    def convert(self, x: V, dtype: str) -> V:
+        if x.dtype == dtype:
+            return x
+        return self.emit(f"stablehlo.convert {x.name} : ({x.type}) -> {tensor_type(x.shape, dtype)}", x.shape, dtype)
+
+    def reshape(self, x: V, shape: tuple[int, ...]) -> V:
+        return self.emit(f"stablehlo.reshape {x.name} : ({x.type}) -> {tensor_type(shape, x.dtype)}", shape, x.dtype)
+
+    def reduce(self, kind: str, x: V, init: float) -> V:
+        """Over the last axis."""
+        start = self.const(init, x.dtype)
+        shape = x.shape[:-1]
+        return self.emit(f"stablehlo.reduce({x.name} init: {start.name}) applies stablehlo.{kind} across dimensions = "
+                         f"[{len(x.shape) - 1}] : ({x.type}, {start.type}) -> {tensor_type(shape, x.dtype)}",
+                         shape, x.dtype)
+
+    def slice_last(self, x: V, start: int, stop: int) -> V:
+        bounds = ", ".join([f"0:{n}" for n in x.shape[:-1]] + [f"{start}:{stop}"])
+        shape = (*x.shape[:-1], stop - start)
+        return self.emit(f"stablehlo.slice {x.name} [{bounds}] : ({x.type}) -> {tensor_type(shape, x.dtype)}",
+                         shape, x.dtype)
+
+    def concat_last(self, parts: list[V]) -> V:
+        shape = (*parts[0].shape[:-1], sum(p.shape[-1] for p in parts))
+        return self.emit(f"stablehlo.concatenate {', '.join(p.name for p in parts)}, dim = {len(shape) - 1} : "
+                         f"({', '.join(p.type for p in parts)}) -> {tensor_type(shape, parts[0].dtype)}",
+                         shape, parts[0].dtype)
+
+    def dot(self, a: V, b: V, batch: tuple[list[int], list[int]], contract: tuple[list[int], list[int]],
+            shape: tuple[int, ...], dtype: str) -> V:
+        batching = f"batching_dims = {batch[0]} x {batch[1]}, " if batch[0] else ""
+        return self.emit(f"stablehlo.dot_general {a.name}, {b.name}, {batching}contracting_dims = {contract[0]} x "
+                         f"{contract[1]} : ({a.type}, {b.type}) -> {tensor_type(shape, dtype)}", shape, dtype)
+
+    def gather_rows(self, table: V, indices: V) -> V:
+        """table[indices] along the first axis: [*indices.shape, *table.shape[1:]]."""
+        n = len(indices.shape)
+        index = self.reshape(indices, (*indices.shape, 1))
+        shape = (*indices.shape, *table.shape[1:])
+        offsets = list(range(n, len(shape)))
+        slice_sizes = ", ".join(map(str, (1, *table.shape[1:])))
+        return self.emit(
+            f'"stablehlo.gather"({table.name}, {index.name}) <{{dimension_numbers = #stablehlo.gather<offset_dims = '
+            f"{offsets}, collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = {n}>, "
+            f"indices_are_sorted = false, slice_sizes = array<i64: {slice_sizes}>}}> : ({table.type}, {index.type}) "
+            f"-> {tensor_type(shape, table.dtype)}", shape, table.dtype)
+
+    # -- the Program's ops, as linnet.program defines them ------------------------------------------------
+    def rms_scale(self, x: V, eps: float) -> V:
+        x32 = self.convert(x, "f32")
+        total = self.reduce("add", self.binary("multiply", x32, x32), 0.0)
+        mean = self.binary("divide", total, self.const(x.shape[-1], "f32", total.shape))
+        scale = self.unary("rsqrt", self.binary("add", mean, self.const(eps, "f32", total.shape)))
+        return self.leading(scale, x.shape)
+
+    def op_rms_norm(self, op: Op, x: V, w: V) -> V:
+        normed = self.convert(self.binary("multiply", self.convert(x, "f32"), self.rms_scale(x, op.attrs["eps"])), x.dtype)
+        return self.binary("multiply", self.trailing(w, x.shape), normed)
+
+    def op_linear(self, op: Op, x: V, w: V, b: V | None = None) -> V:
+        shape = (*x.shape[:-1], w.shape[0])
+        y = self.dot(x, w, ([], []), ([len(x.shape) - 1], [1]), shape, x.dtype)
+        return y if b is None else self.binary("add", y, self.trailing(b, shape))
+
+    def op_norm_linear(self, op: Op, x: V, n: V, w: V, b: V | None = None) -> V:
+        return self.op_linear(op, self.op_rms_norm(op, x, n), w, b)
+
+    def op_rms_linear(self, op: Op, x: V, w: V, *rest: V) -> V:
+        scale = self.rms_scale(x, op.attrs["eps"])
+        bias = rest[:-1] if op.attrs.get("norm") else rest
+        if op.attrs.get("norm"):
+            x = self.binary("multiply", self.trailing(rest[-1], x.shape), x)
+        scaled = self.convert(self.binary("multiply", self.convert(x, "f32"), scale), x.dtype)
+        return self.op_linear(op, scaled, w, *bias)
+
+    def op_split(self, op: Op, x: V) -> list[V]:
+        out, at = [], 0
+        for size in op.attrs["sizes"]:
+            out.append(self.slice_last(x, at, at + size))
+            at += size
+        return out
+
+    def op_split_heads(self, op: Op, x: V) -> V:
+        heads = op.attrs["heads"]
+        return self.reshape(x, (*x.shape[:-1], heads, x.shape[-1] // heads))
+
+    def op_rotary(self, op: Op, x: V, positions: V, cos: V, sin: V) -> V:
+        if self.rope is None:  # gathered once per step, for every layer
+            self.rope = tuple(self.convert(self.gather_rows(t, positions), self.act) for t in (cos, sin))
+        c, s = (self.broadcast(t, x.shape, [0, 1, 3]) for t in self.rope)
+        half = x.shape[-1] // 2
+        rotated = self.concat_last([self.unary("negate", self.slice_last(x, half, x.shape[-1])),
+                                    self.slice_last(x, 0, half)])
+        return self.binary("add", self.binary("multiply", x, c), self.binary("multiply", rotated, s))
+
+    def op_cache_write(self, op: Op, cache: V, rows: V, positions: V, value: V) -> V:
+        r, t = positions.shape
+        row = self.broadcast(rows, (r, t, 1), [0])
+        indices = self.concat_last([row, self.reshape(positions, (r, t, 1))])
+        return self.emit(
+            f'"stablehlo.scatter"({cache.name}, {indices.name}, {value.name}) <{{indices_are_sorted = false, '
+            f"scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [2, 3], inserted_window_dims = [0, 2], "
+            f"scatter_dims_to_operand_dims = [0, 2], index_vector_dim = 2>, unique_indices = false}}> ({{\n"
+            f"    ^bb0(%old{self.count}: {tensor_type((), cache.dtype)}, %new{self.count}: {tensor_type((), cache.dtype)}):\n"
+            f"      stablehlo.return %new{self.count} : {tensor_type((), cache.dtype)}\n"
+            f"    }}) : ({cache.type}, {indices.type}, {value.type}) -> {cache.type}", cache.shape, cache.dtype)
+
+    def op_attention(self, op: Op, q: V, cache_k: V, cache_v: V, rows: V, positions: V) -> V:
+        r, t, heads, d = q.shape
+        kv, p = cache_k.shape[1], cache_k.shape[2]
+        g = heads // kv
+        keys = self.convert(self.gather_rows(cache_k, rows), "f32")  # [R, KV, P, D]
+        values = self.convert(self.gather_rows(cache_v, rows), "f32")
+        grouped = self.convert(self.reshape(q, (r, t, kv, g, d)), "f32")
+        shape = (r, kv, t, g, p)
+        scores = self.dot(grouped, keys, ([0, 2], [0, 1]), ([4], [3]), shape, "f32")
+        scores = self.binary("multiply", scores, self.const(d**-0.5, "f32", shape))
+        key_positions = self.emit(f"stablehlo.iota dim = 0 : {tensor_type((p,), 'i32')}", (p,), "i32")
+        visible = self.emit(
+            f"stablehlo.compare LE, {self.broadcast(key_positions, shape, [4]).name}, "
+            f"{self.broadcast(positions, shape, [0, 2]).name}, SIGNED : ({tensor_type(shape, 'i32')}, "
+            f"{tensor_type(shape, 'i32')}) -> {tensor_type(shape, 'i1')}", shape, "i1")
+        masked = self.emit(f"stablehlo.select {visible.name}, {scores.name}, "
+                           f"{self.const(float('-inf'), 'f32', shape).name} : {visible.type}, {scores.type}",
+                           shape, "f32")
+        peak = self.leading(self.reduce("maximum", masked, float("-inf")), shape)
+        weights = self.unary("exponential", self.binary("subtract", masked, peak))
+        weights = self.binary("divide", weights, self.leading(self.reduce("add", weights, 0.0), shape))
+        out = self.dot(weights, values, ([0, 1], [0, 1]), ([4], [2]), (r, kv, t, g, d), "f32")
+        out = self.emit(f"stablehlo.transpose {out.name}, dims = [0, 2, 1, 3, 4] : ({out.type}) -> "
+                        f"{tensor_type((r, t, kv, g, d), 'f32')}", (r, t, kv, g, d), "f32")
+        return self.reshape(self.convert(out, self.act), (r, t, heads * d))
+
+    def op_swiglu(self, op: Op, gate: V, up: V) -> V:
+        return self.binary("multiply", self.binary("multiply", gate, self.unary("logistic", gate)), up)
+
+    def op_add(self, op: Op, a: V, b: V) -> V:
+        return self.binary("add", a, b)
+
+    def op_embedding(self, op: Op, tokens: V, table: V) -> V:
+        return self.gather_rows(table, tokens)
+
+    def op_select(self, op: Op, x: V, select: V) -> V:
+        r, s = select.shape
+        entry = self.emit(f"stablehlo.iota dim = 0 : {tensor_type((r, s, 1), 'i32')}", (r, s, 1), "i32")
+        indices = self.concat_last([entry, self.reshape(select, (r, s, 1))])
+        shape = (r, s, *x.shape[2:])
+        sizes = ", ".join(map(str, (1, 1, *x.shape[2:])))
+        return self.emit(
+            f'"stablehlo.gather"({x.name}, {indices.name}) <{{dimension_numbers = #stablehlo.gather<offset_dims = '
+            f"{list(range(2, len(shape)))}, collapsed_slice_dims = [0, 1], start_index_map = [0, 1], "
+            f"index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: {sizes}>}}> : "
+            f"({x.type}, {indices.type}) -> {tensor_type(shape, x.dtype)}", shape, x.dtype)
+
+    def op_cast(self, op: Op, x: V) -> V:
+        return self.convert(x, op.attrs["dtype"])
