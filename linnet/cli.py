@@ -7,6 +7,7 @@ import argparse
 import importlib
 import os
 import sys
+import typing
 
 from linnet.openmp import set_default_policy
 
@@ -30,9 +31,16 @@ examples:
 `linnet COMMAND --help` lists a command's options."""
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage mistake is one line, like every other error: the flag and what is wrong with it."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"linnet: error: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="linnet", description=__doc__, epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="linnet", description=__doc__, epilog=EPILOG,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"linnet.commands.{name}").register(sub)
@@ -40,14 +48,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Every failure is one line on stderr: a LinnetError or OSError exits 2, Ctrl-C exits 130, anywhere
+    (the commands' imports included, which take the first second)."""
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args) or 0
     except LinnetError as e:
-        print(f"linnet: error: {e}", file=sys.stderr)
-        return 2
+        return fail(str(e))
+    except OSError as e:  # a file the user named, unreadable or unwritable: theirs to fix, no traceback
+        return fail(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
     except KeyboardInterrupt:
-        return 130
+        return interrupted()
+
+
+def fail(message: str) -> int:
+    print(f"linnet: error: {message}", file=sys.stderr)
+    return 2
+
+
+def interrupted() -> int:
+    print("linnet: interrupted", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

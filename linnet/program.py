@@ -19,7 +19,11 @@ cache rows, ``P`` cache positions. Inputs:
     rope_cos, rope_sin  [P, HEAD_DIM]  f32, from ``linnet.rope.rope_tables`` (Llama 3 scaling included)
     weights    ``w.<name>``, canonical names (``linnet.names``), in the weight dtype: the run dtype, or a
                narrower one (16-bit weights with f32 arithmetic, for CPUs, whose products are bound by
-               the bytes they read); an op widens a weight to ``act`` where it reads it
+               the bytes they read); an op widens a weight to ``act`` where it reads it. A matrix named
+               in ``Program.quantized`` is block-quantised instead (``linnet.quantize``): ``q8_0``,
+               ``q4_0`` or ``q4_1``, llama.cpp's blocks of 32 along its in-axis, each an f16 scale d (and
+               for q4_1 an f16 min m) and 32 codes q: w = d * q (q8_0, q int8), d * (q - 8) (q4_0,
+               q in 0..15), d * q + m (q4_1); an op reads it as those values, in ``act``
 
 and it computes
 
@@ -62,7 +66,8 @@ them. Runners keep one scratch position past the last real one, where idle rows 
 Passes are opt-in and keep the step's meaning: ``fuse_projections`` (generic: fewer, larger products for
 every backend), ``fuse_norm_linears`` and ``fold_norm_weights`` (for backends whose one-token products
 stream weights on a CPU: the norm's scale is applied to x once, and its weight lives in the matrix).
-Fusions and folds are recorded in ``Program.fused`` / ``Program.folded``, the weight plan that
+``quantize_weights`` stores chosen matrices block-quantised. Fusions, folds and quantised forms are
+recorded in ``Program.fused`` / ``Program.folded`` / ``Program.quantized``, the weight plan that
 ``linnet.weight_plan`` carries out.
 """
 from __future__ import annotations
@@ -80,7 +85,7 @@ SIZES = ("R", "T", "S", "ROWS", "P")  # the symbolic sizes of a step
 @dataclass(frozen=True)
 class Value:
     shape: Shape
-    dtype: str  # "f32" | "f16" | "bf16" | "i64"
+    dtype: str  # "f32" | "f16" | "bf16" | "i64"; a quantised weight's form: "q8_0" | "q4_0" | "q4_1"
 
     def __str__(self) -> str:
         return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
@@ -120,6 +125,8 @@ class Program:
     # section being "layer" (names within each layer) or "head".
     fused: tuple[tuple[str, tuple[str, ...]], ...] = ()
     folded: tuple[tuple[str, str, str], ...] = ()
+    # Matrices stored block-quantised: (section, weight, form), sections as in ``folded``.
+    quantized: tuple[tuple[str, str, str], ...] = ()
 
     def sections(self) -> dict[str, Section]:
         return {"embed": self.embed, "layer": self.layer, "head": self.head}
@@ -203,15 +210,19 @@ def infer_types(program: Program) -> dict[str, dict[str, Value]]:
     x = Value(("R", "T", spec.hidden_size), act)
     cache = program.inputs()["cache_k"]
     params = {"embed": {}, "layer": {"x": x, "cache_k": cache, "cache_v": cache}, "head": {"x": x}}
+    forms = {(section, weight): form for section, weight, form in program.quantized}
     out = {}
     for name, section in program.sections().items():
         env = {**program.inputs(), **params[name]}
+        plan_section = "layer" if name == "layer" else "head"
         for op in section.ops:
             for i in op.inputs:
                 if i.startswith("w.") and i not in env:
                     if i[2:] not in shapes[name]:
                         raise LinnetError(f"{name}: op {op} reads unknown weight {i}")
-                    env[i] = Value(shapes[name][i[2:]], program.weight_dtype)
+                    stored = "embed" if i == "w.lm_head" and spec.tie_word_embeddings else i[2:]
+                    dtype = forms.get((plan_section, stored), program.weight_dtype)
+                    env[i] = Value(shapes[name][i[2:]], dtype)
                 elif i not in env:
                     raise LinnetError(f"{name}: op {op} reads {i!r} before it is assigned")
             results = _infer_op(op, [env[i] for i in op.inputs], spec, act)
@@ -384,6 +395,20 @@ def fold_norm_weights(program: Program) -> Program:
     return _checked(replace(program, layer=layer, head=head, folded=program.folded + tuple(folded)))
 
 
+def quantize_weights(program: Program, forms: dict[tuple[str, str], str]) -> Program:
+    """Store the matrices ``forms`` names, (section, weight) -> form, block-quantised in that form."""
+    from linnet.quantize import BLOCK, check_form
+
+    shapes = _weight_shapes(program)
+    for (section, weight), form in forms.items():
+        shape = shapes["layer" if section == "layer" else "head"].get(weight)
+        if shape is None or len(shape) != 2 or shape[1] % BLOCK:
+            raise LinnetError(f"{section} weight {weight!r} ({shape}) is not a matrix of whole {BLOCK}-blocks")
+        check_form(form, f"{section} weight {weight!r}")
+    quantized = tuple((section, weight, form) for (section, weight), form in forms.items())
+    return _checked(replace(program, quantized=program.quantized + quantized))
+
+
 def _readers(section: Section) -> dict[str, list[Op | None]]:
     """The ops that read each value; None stands for the section's caller, for a result."""
     readers: dict[str, list[Op | None]] = {o: [] for op in section.ops for o in op.outs}
@@ -424,10 +449,11 @@ def format_program(program: Program) -> str:
     for title, names in (("weights, per layer (layers.<i>.*)", ("layer",)), ("weights", ("embed", "head"))):
         found = {n: v for section in names for n, v in types[section].items() if n.startswith("w.")}
         lines += ["", f"{title}:"] + [f"  {n[2:]}: {v}" for n, v in sorted(found.items())]
-    if program.fused or program.folded:
+    if program.fused or program.folded or program.quantized:
         lines += ["", "weight plan:"]
         lines += [f"  {name} = concat({', '.join(parts)})" for name, parts in program.fused]
         lines += [f"  {section}: {w} *= {n} (columns)" for section, w, n in program.folded]
+        lines += [f"  {section}: {w} in {form} blocks" for section, w, form in program.quantized]
     if spec.tie_word_embeddings:
         lines.append("  lm_head = embed (tied)")
     return "\n".join(lines) + "\n"

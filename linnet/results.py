@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 from linnet.errors import ResultsError
+from linnet.files import atomic_write, read_json
 from linnet.registry.schema import Protocol, Serving, check_protocol, parse
 
 SCHEMA_VERSION = 2  # 2: rows carry a stable id and whether they are Linnet's; comparisons name ids
@@ -98,6 +99,7 @@ class Machine:
     memory_gib: float | None = None
     threads: int | None = None
     load_average: list[float] | None = None  # 1, 5 and 15 minutes, when the run started
+    read_gb_s: Metric | None = None  # read bandwidth measured in the run (linnet.bench.bandwidth), GB/s
 
 
 @dataclass
@@ -128,6 +130,10 @@ def validate(results: Results, where: str = "results") -> None:
     except ValueError:
         fail("timestamp", f"{results.timestamp!r} is not an ISO 8601 date and time")
     check_protocol(results.protocol, where, "protocol", ResultsError)
+    bandwidth = results.machine.read_gb_s
+    for v in [] if bandwidth is None else [bandwidth.value, *(bandwidth.samples or [])]:
+        if not math.isfinite(v) or v <= 0:
+            fail("machine.read_gb_s", f"{v!r} is not a finite, positive number")
     ids: dict[str, int] = {}
     names = set()
     for i, row in enumerate(results.rows):
@@ -152,8 +158,9 @@ def validate(results: Results, where: str = "results") -> None:
                 fail(f"{path}.metrics.{key}.samples", "empty: give the samples, or null if unknown")
         if row.not_run is not None and (row.metrics or row.against):
             fail(f"{path}.not_run", "a row that did not run has no metrics and no comparison")
+    for i, row in enumerate(results.rows):  # once every row's values are known to be positive
         if row.against is not None:
-            _check_against(results, row, f"{path}.against", fail)
+            _check_against(results, row, f"rows[{i}] ({row.id}).against", fail)
 
 
 def _check_against(results: Results, row: Row, path: str, fail: Callable[[str, str], NoReturn]) -> None:
@@ -189,15 +196,11 @@ def to_data(results: Results) -> dict[str, Any]:
 
 def load_results(path: Path | str) -> Results:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ResultsError(f"{path}: not valid JSON: {e}") from None
-    return from_data(data, str(path))
+    return from_data(read_json(path, ResultsError), str(path))
 
 
 def save_results(results: Results, path: Path | str) -> None:
-    """Validate, then write (indented, so results diff well in git)."""
+    """Validate, then write (indented, so results diff well in git), whole or not at all."""
     validate(results, str(path))
     text = json.dumps(to_data(results), indent=1, ensure_ascii=False)
-    Path(path).write_text(text + "\n", encoding="utf-8")
+    atomic_write(path, lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))

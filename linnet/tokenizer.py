@@ -5,7 +5,6 @@ stops on any of them.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +16,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.decoders import DecodeStream
 
 from linnet.errors import UnsupportedModel
+from linnet.files import naming, read_json
 
 
 class Tokenizer:
@@ -28,6 +28,7 @@ class Tokenizer:
         bos_token: str | None = None,
         eos_token: str | None = None,
         add_bos: bool = False,
+        template_origin: str = "the chat template",
     ):
         self.hf = tokenizer
         self.eos_ids = tuple(dict.fromkeys(eos_ids))  # ordered, unique
@@ -35,6 +36,7 @@ class Tokenizer:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.add_bos = add_bos  # prepend BOS ourselves (GGUF add_bos_token); tokenizer.json does its own
+        self.template_origin = template_origin  # the file and field it came from, for its errors
 
     @property
     def vocab_size(self) -> int:
@@ -62,16 +64,28 @@ class Tokenizer:
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
             raise UnsupportedModel("this model has no chat template; use a plain prompt instead")
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise_template_error
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        template = env.from_string(self.chat_template)
-        return template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "",
-            eos_token=self.eos_token or "",
-        )
+        origin = self.template_origin
+
+        def raise_exception(message: str) -> None:
+            raise UnsupportedModel(f"{origin} refuses the conversation: {message}")
+
+        env = _TemplateEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(str(fmt))
+        try:
+            if not isinstance(self.chat_template, str):
+                raise TypeError(f"expected a string, got {type(self.chat_template).__name__}")
+            return env.from_string(self.chat_template).render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+            )
+        except UnsupportedModel:
+            raise
+        except Exception as e:  # a stranger's program: any error in it is the template's, told in one line
+            detail = str(e).splitlines()[0] if str(e).strip() else ""
+            raise UnsupportedModel(f"{origin} fails: {type(e).__name__}: {detail}"[:500]) from None
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         # The template writes the special tokens itself (BOS included), so none are added again.
@@ -79,50 +93,99 @@ class Tokenizer:
         return ids
 
 
-def _raise_template_error(message: str) -> None:
-    raise UnsupportedModel(f"chat template error: {message}")
+class _TemplateEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """jinja's sandbox (no attribute access outside it, no mutation, ``range`` bounded), with ``*`` and ``**``
+    bounded as well: ``'x' * 10**12`` or ``9**9**9`` in a template would otherwise take all memory or time."""
+
+    intercepted_binops = frozenset({"*", "**"})
+    LIMIT = 1_000_000  # items of a repeated string or list; digits of a power, roughly
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        numbers = [v for v in (left, right) if isinstance(v, int)]
+        if operator == "*" and (isinstance(left, (str, list, tuple)) or isinstance(right, (str, list, tuple))):
+            size = len(left if isinstance(left, (str, list, tuple)) else right)
+            if numbers and size * max(numbers[0], 0) > self.LIMIT:
+                raise jinja2.sandbox.SecurityError(f"a repetition past {self.LIMIT} items")
+        if operator == "**" and len(numbers) == 2 and abs(left) > 1 and right * abs(left).bit_length() > self.LIMIT:
+            raise jinja2.sandbox.SecurityError(f"a power of more than {self.LIMIT} bits")
+        return super().call_binop(context, operator, left, right)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """An optional JSON object; a file that is there but broken is an error naming it."""
+    if not path.is_file():
+        return {}
+    data = read_json(path, UnsupportedModel)
+    if not isinstance(data, dict):
+        raise UnsupportedModel(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
-def _token_text(value: Any) -> str | None:
+def _token_text(value: Any, where: str) -> str | None:
     # tokenizer_config may write a special token as a string or as an AddedToken dict.
     if isinstance(value, dict):
-        return value.get("content")
+        value = value.get("content")
+    if value is not None and not isinstance(value, str):
+        raise UnsupportedModel(f"{where}: expected a token (a string, or an object with its content), got {value!r}")
     return value
 
 
-def _ids(value: Any) -> list[int]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, list) else [value]
+def _ids(value: Any, where: str) -> list[int]:
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(type(i) is int for i in ids):
+        raise UnsupportedModel(f"{where}: expected a token id or a list of them, got {value!r}")
+    return ids
+
+
+def _template(value: Any, where: str) -> str | None:
+    """A template, or the one named "default" of a list of named templates."""
+    if isinstance(value, list):
+        value = next((t.get("template") for t in value if isinstance(t, dict) and t.get("name") == "default"), None)
+    if value is not None and not isinstance(value, str):
+        raise UnsupportedModel(f"{where}: expected a template (a string), got {type(value).__name__}")
+    return value
 
 
 def load_tokenizer(model_dir: str | Path) -> Tokenizer:
     """Read ``tokenizer.json`` plus the EOS ids and chat template of an HF model directory."""
-    model_dir = Path(model_dir)
+    with naming(model_dir):
+        return _load(Path(model_dir))
+
+
+def _load(model_dir: Path) -> Tokenizer:
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         raise UnsupportedModel(f"no tokenizer.json in {model_dir}")
-    hf = HFTokenizer.from_file(str(path))
-    tok_config = _read_json(model_dir / "tokenizer_config.json")
+    hf = _read_tokenizer(path)
+    tok_path, gen_path = model_dir / "tokenizer_config.json", model_dir / "generation_config.json"
+    tok_config, gen_config = _read_json(tok_path), _read_json(gen_path)
     config = _read_json(model_dir / "config.json")
-    gen_config = _read_json(model_dir / "generation_config.json")
-    eos_token = _token_text(tok_config.get("eos_token"))
-    eos_ids = _ids(gen_config.get("eos_token_id")) + _ids(config.get("eos_token_id"))
+    eos_token = _token_text(tok_config.get("eos_token"), f"{tok_path}: eos_token")
+    eos_ids = (_ids(gen_config.get("eos_token_id"), f"{gen_path}: eos_token_id")
+               + _ids(config.get("eos_token_id"), f"{model_dir / 'config.json'}: eos_token_id"))
     if eos_token is not None and hf.token_to_id(eos_token) is not None:
         eos_ids.append(hf.token_to_id(eos_token))
-    template = tok_config.get("chat_template")
+    origin = f"{tok_path}: chat_template"
+    template = _template(tok_config.get("chat_template"), origin)
     if template is None and (model_dir / "chat_template.jinja").is_file():
-        template = (model_dir / "chat_template.jinja").read_text()
-    if isinstance(template, list):  # a list of named templates: take the default one
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        origin = str(model_dir / "chat_template.jinja")
+        try:
+            template = (model_dir / "chat_template.jinja").read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UnsupportedModel(f"{origin}: not UTF-8 text (byte {e.start})") from None
     return Tokenizer(
         hf,
         eos_ids,
         chat_template=template,
-        bos_token=_token_text(tok_config.get("bos_token")),
+        bos_token=_token_text(tok_config.get("bos_token"), f"{tok_path}: bos_token"),
         eos_token=eos_token,
+        template_origin=origin,
     )
+
+
+def _read_tokenizer(path: Path) -> HFTokenizer:
+    try:
+        return HFTokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers reports every problem as a plain Exception, with serde's wording
+        detail = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UnsupportedModel(f"{path}: not a tokenizer that the tokenizers library reads: {detail}"[:500]) from None

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from linnet import quantize
 from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
 from linnet.weight_cache import cached_arrays, code_identity
@@ -27,31 +28,57 @@ class WeightPlan:
     # (section, weight, norm): weight[:, j] *= norm[j] in float32, rounded once to dtype; the norm is removed.
     # Section "layer": names within each layer; "head": global names.
     folded: tuple[tuple[str, str, str], ...] = ()
+    # (section, weight, form): stored last as ``form``'s block bytes (``linnet.quantize``). A weight whose
+    # source tensors (``weights.blocks``, a GGUF file's) are in that form already, and which is not
+    # folded, is their bytes as they are (concatenated, when fused), never dequantised and requantised.
+    quantized: tuple[tuple[str, str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise LinnetError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
-        for section, _, _ in self.folded:
+        for _, _, form in self.quantized:
+            quantize.check_form(form)
+        for section, _, _ in (*self.folded, *self.quantized):
             if section not in SECTIONS:
                 raise LinnetError(f"unknown weight-plan section {section!r}; expected one of {SECTIONS}")
 
 
 def plan_weights(weights: Weights, plan: WeightPlan) -> dict[str, np.ndarray]:
-    """``weights`` laid out as ``plan`` says, C-contiguous: fusions first, then folds, then the cast.
-    Mapped read-only from the cache when this source was converted by this plan and code before."""
-    key = f"{plan!r} by {code_identity(sys.modules[__name__])}"
-    return cached_arrays(weights.source, key, lambda: _apply(weights, plan))
+    """``weights`` laid out as ``plan`` says, C-contiguous: fusions first, then folds, then the cast, then
+    quantisation (a quantised weight is uint8 block bytes). Mapped read-only from the cache when this
+    source was converted by this plan and code before."""
+    key = f"{plan!r} by {code_identity(sys.modules[__name__], quantize)}"
+    arrays = cached_arrays(weights.source, key, lambda: _apply(weights, plan))
+    stored = _quantized_names(weights.spec.num_layers, plan)
+    return {name: quantize.from_storage(a) if name in stored else a for name, a in arrays.items()}
+
+
+def _quantized_names(layers: int, plan: WeightPlan) -> dict[str, str]:
+    return {prefix + name: form for section, name, form in plan.quantized
+            for prefix in ([f"layers.{i}." for i in range(layers)] if section == "layer" else [""])}
 
 
 def _apply(weights: Weights, plan: WeightPlan) -> dict[str, np.ndarray]:
-    arrays = dict(weights)
     layers = [f"layers.{i}." for i in range(weights.spec.num_layers)]
+    wanted = _quantized_names(weights.spec.num_layers, plan)
+    parts_of = {prefix + name: [prefix + p for p in parts] for prefix in layers for name, parts in plan.fused}
+    folded = {prefix + name for section, name, _ in plan.folded for prefix in (layers if section == "layer" else [""])}
+    blocks = getattr(weights, "blocks", {})  # name -> (form, block bytes): tensors a file stores quantised
+    native = {name: np.concatenate([blocks[p][1] for p in parts_of.get(name, [name])])
+              for name, form in wanted.items() if name not in folded
+              and all(blocks.get(p, ("",))[0] == form for p in parts_of.get(name, [name]))}
+    taken = {p for name in native for p in parts_of.get(name, [name])}
+    arrays = {name: weights[name] for name in weights if name not in taken}  # the others, read as floats
     for prefix in layers:
         for name, parts in plan.fused:
-            arrays[prefix + name] = np.concatenate([arrays.pop(prefix + p) for p in parts])
+            if prefix + name not in native:
+                arrays[prefix + name] = np.concatenate([arrays.pop(prefix + p) for p in parts])
     for section, name, norm in plan.folded:
         for prefix in layers if section == "layer" else [""]:
             norm_weight = arrays.pop(prefix + norm).astype(np.float32)
             arrays[prefix + name] = arrays[prefix + name].astype(np.float32) * norm_weight
     target = DTYPES[plan.dtype].numpy
-    return {name: np.ascontiguousarray(a.astype(target, copy=False)) for name, a in arrays.items()}
+    out = {name: np.ascontiguousarray(a.astype(target, copy=False)) for name, a in arrays.items()}
+    for name, form in wanted.items():
+        out[name] = quantize.to_storage(native[name] if name in native else quantize.quantized(arrays[name], form))
+    return out

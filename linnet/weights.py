@@ -6,7 +6,6 @@ shape and the shape found.
 """
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from linnet.errors import WeightError
-from linnet.files import map_safetensors
+from linnet.files import map_safetensors, naming, read_json
 from linnet.names import expected_shapes, hf_name
 from linnet.spec import ModelSpec
 from linnet.weight_cache import source_identity
@@ -64,7 +63,12 @@ def check_shapes(spec: ModelSpec, arrays: Mapping[str, Any]) -> None:
 def safetensors_files(model_dir: Path) -> list[Path]:
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json(index, WeightError)
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict) or not all(_shard_name(s) for s in weight_map.values()):
+            raise WeightError(f"{index}: weight_map: expected an object of tensor names to file names "
+                              "in this directory")
+        shards = sorted(set(weight_map.values()))
         missing = [s for s in shards if not (model_dir / s).is_file()]
         if missing:
             raise WeightError(f"{index} names shards that do not exist: {missing}")
@@ -75,10 +79,16 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     raise WeightError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
 
 
+def _shard_name(name: object) -> bool:
+    """A plain file name: an index may not send Linnet to read files outside its directory."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not set(name) & set("/\\\0")
+
+
 def load_safetensors(model_dir: str | Path, spec: ModelSpec) -> Weights:
     """Map every tensor the spec needs from an HF directory; extra tensors are ignored."""
     start = time.perf_counter()
     files = safetensors_files(Path(model_dir))
     wanted = {hf_name(c): c for c in expected_shapes(spec)}
     arrays = {wanted[name]: a for path in files for name, a in map_safetensors(path, wanted).items()}
-    return Weights(spec, arrays, time.perf_counter() - start, source_identity(files))
+    with naming(files[0] if len(files) == 1 else model_dir):
+        return Weights(spec, arrays, time.perf_counter() - start, source_identity(files))

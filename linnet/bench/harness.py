@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from linnet import openmp
-from linnet.bench import machine
+from linnet.bench import bandwidth, machine
 from linnet.bench.protocol import PEERS, REFERENCE, Job, empty_row, random_prompt
 from linnet.errors import LinnetError
 from linnet.model import open_spec, resolve
@@ -66,23 +66,32 @@ def run_bench(settings: Settings, log: Any = sys.stderr) -> Results:
             # Linnet's converted weights exist, so every load time is the steady state, not the first one's.
             print(f"linnet bench: preparing {subject} ...", file=log, flush=True)
             primer = Worker(job_path, subject, env, load_only=True)
-            primed = primer.receive()
+            try:
+                primed = primer.receive()
+            except BaseException:  # Ctrl-C: it must not outlive the bench
+                primer.kill()
+                raise
             primer.close()
             if "not_run" in primed:
                 reports[subject] = primed
         ready = [s for s in order if s not in reports]
+        read_gb_s = bandwidth.measure_apart(importable_here(env), log)  # before the turns and after: it drifts
         for turn in ([ready] if settings.interleave else [[s] for s in ready]):
             reports.update(run_turns(job_path, turn, env, settings.protocol, log))
+        read_gb_s += bandwidth.measure_apart(importable_here(env), log)
         distances = {s: distance_from_reference(job, s, reports) for s in order
                      if s != REFERENCE and "not_run" not in reports[s]}
+        reads = bandwidth.reads_of_subjects(job, spec, reports)
     rows = [make_row(s, reports[s], distances.get(s), settings.interleave and len(ready) > 1) for s in order]
     add_comparisons(rows)
+    bandwidth.add_notes(rows, reads, statistics.median(read_gb_s))
     accelerator = next((r["accelerator"] for r in reports.values() if r.get("accelerator")), None)
     return Results(
         model=settings.model if not Path(settings.model).exists() else path.resolve().name,
         timestamp=started,
         machine=Machine(accelerator=accelerator, cpu=f"{machine.cpu_model()}, {machine.cores()} cores",
-                        memory_gib=machine.memory_gib(), threads=threads, load_average=load_average),
+                        memory_gib=machine.memory_gib(), threads=threads, load_average=load_average,
+                        read_gb_s=_metric(read_gb_s)),
         versions=machine.versions(),
         protocol=settings.protocol,
         rows=rows,
@@ -94,13 +103,31 @@ def worker_environment(threads: int, omp_wait_policy: str) -> dict[str, str]:
     return openmp.policy_environment(env, omp_wait_policy)
 
 
+def worker_command(*args: str) -> list[str]:
+    """``python -P -m linnet.bench.worker ...``: ``-P`` keeps the current directory off the worker's path, so
+    that a folder there named ``linnet`` (a clone, say) never stands in for the Linnet this process runs."""
+    return [sys.executable, "-P", "-m", "linnet.bench.worker", *args]
+
+
+def importable_here(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this process's Linnet first on PYTHONPATH: the workers import the very same one, whether
+    it is installed or, run from a source tree, found only through the current directory."""
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding this linnet package
+    return {**env, "PYTHONPATH": os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])}
+
+
 class Worker:
-    """A subject's worker process (``linnet.bench.worker``), driven one line at a time."""
+    """A subject's worker process (``linnet.bench.worker``), driven one line at a time.
+
+    Each worker has a session of its own, so a Ctrl-C in the terminal reaches the parent alone, which then
+    ends its workers (``close``) instead of each printing its own traceback.
+    """
 
     def __init__(self, job: Path, subject: str, env: dict[str, str], load_only: bool = False):
         flags = ["--load-only"] if load_only else []
-        self.process = subprocess.Popen([sys.executable, "-m", "linnet.bench.worker", str(job), subject, *flags],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.process = subprocess.Popen(worker_command(str(job), subject, *flags), stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, env=importable_here(env),
+                                        start_new_session=True)
 
     def receive(self) -> dict[str, Any]:
         """The worker's next message; anything else it printed goes to stderr, not lost."""
@@ -127,11 +154,28 @@ class Worker:
         self.process.stdin.close()
         self.process.wait()
 
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
 
 def run_turns(job: Path, subjects: list[str], env: dict[str, str], protocol: Protocol, log: Any
               ) -> dict[str, dict[str, Any]]:
     """Load every subject in its worker, then run the warm-ups and runs, the subjects taking turns."""
-    workers = {s: Worker(job, s, env) for s in subjects}
+    workers: dict[str, Worker] = {}
+    try:
+        for s in subjects:
+            workers[s] = Worker(job, s, env)
+        return _take_turns(workers, protocol, log)
+    except BaseException:  # Ctrl-C or a failure: no worker is left running
+        for w in workers.values():
+            w.kill()
+        raise
+
+
+def _take_turns(workers: dict[str, Worker], protocol: Protocol, log: Any) -> dict[str, dict[str, Any]]:
+    subjects = list(workers)
     reports = {s: {**w.receive(), "started": [], "ttft_s": [], "decode_tok_s": []} for s, w in workers.items()}
     live = [s for s in subjects if "not_run" not in reports[s]]
     for s in live:

@@ -34,6 +34,9 @@ class Peer:
 PEERS = {
     "transformers": Peer("transformers", "PyTorch"),
     "transformers:compiled": Peer("transformers, compiled", "PyTorch"),
+    "llama.cpp": Peer("llama.cpp", "LLM engines"),
+    "keras-hub": Peer("KerasHub", "JAX"),
+    "onnxruntime-genai": Peer("onnxruntime-genai", "ONNX Runtime and TensorRT"),
 }
 REFERENCE = "transformers"
 

@@ -1,6 +1,7 @@
 """The printed summary of a run: every number, then each Linnet row against each peer's row."""
 from __future__ import annotations
 
+from linnet.bench.bandwidth import measured, read_rate
 from linnet.bench.protocol import PEERS
 from linnet.results import Results, Row
 
@@ -12,15 +13,16 @@ def format_results(results: Results) -> str:
         f"{results.model} · {p.prompt_tokens} prompt tokens, {p.new_tokens} new · batch {p.batch} · "
         f"median of {p.runs} runs after {p.warmups} warm-ups · {results.timestamp}",
         f"{m.accelerator or 'no accelerator'} · {m.cpu} · {m.memory_gib} GiB · {m.threads} threads · "
-        f"load average {' '.join(f'{x:.2f}' for x in m.load_average or [])} at the start",
+        f"load average {' '.join(f'{x:.2f}' for x in m.load_average or [])} at the start{measured(m)}",
         " · ".join(f"{k} {v}" for k, v in results.versions.items()),
         "",
     ]
-    table = [("Method", "First token", "Decode", "Load", "Peak memory", "Distance")]
+    table = [("Method", "First token", "Decode", "Reads", "Load", "Peak memory", "Distance")]
     for r in results.rows:
         if not r.not_run:
             table.append((r.name, f"{r.value('ttft_ms'):,.1f} ms", f"{r.value('decode_tok_s'):.2f} tok/s",
-                          f"{r.value('load_s'):.2f} s", f"{r.value('peak_mem_gib'):.2f} GiB", _distance(r)))
+                          read_rate(r, m), f"{r.value('load_s'):.2f} s", f"{r.value('peak_mem_gib'):.2f} GiB",
+                          _distance(r)))
     lines += _columns(table)
     lines += [f"{r.name}: not run: {r.not_run}" for r in results.rows if r.not_run]
     peers = [r for r in results.rows if r.id in PEERS]

@@ -33,6 +33,18 @@ def open_subject(name: str, job: Job) -> Subject:
         from linnet.bench.backends import LinnetSubject
 
         return LinnetSubject(get_backend(name), job)
+    if name == "llama.cpp":
+        from linnet.bench.peers_llamacpp import LlamaCppSubject
+
+        return LlamaCppSubject(job)
+    if name == "keras-hub":
+        from linnet.bench.peers_keras import KerasHubSubject
+
+        return KerasHubSubject(job)
+    if name == "onnxruntime-genai":
+        from linnet.bench.peers_ortgenai import OrtGenAISubject
+
+        return OrtGenAISubject(job)
     if name in PEERS:
         try:
             from linnet.bench.peers import TransformersSubject

@@ -23,12 +23,17 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: the backend's choice)")
     parser.add_argument("--devices", type=int, default=1,
                         help="shard the model over N devices, tensor-parallel (xla:jax; default: 1)")
+    parser.add_argument("--quantize", default=None, metavar="FORM",
+                        help="torch on a CPU: matrices in llama.cpp's blocks, q8_0, q4_0 or q4_1; gguf: a GGUF file's "
+                             "own Q8_0/Q4_0/Q4_1 matrices in their blocks (default: none)")
 
 
 def make_runner(model: LoadedModel, args: argparse.Namespace, positions: int, rows: int = 1) -> Runner:
     if args.threads:
         get_backend(args.backend).package.set_threads(args.threads)
     options = {"devices": args.devices} if getattr(args, "devices", 1) != 1 else {}
+    if getattr(args, "quantize", None):
+        options["quantize"] = args.quantize
     return create_runner(args.backend, model.weights, CacheShape(rows, positions), dtype=args.dtype, **options)
 
 

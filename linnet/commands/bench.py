@@ -10,8 +10,9 @@ from linnet.backends.registry import benched_ids
 from linnet.bench.harness import OMP_WAIT_POLICIES, Settings, run_bench
 from linnet.bench.protocol import PEERS
 from linnet.bench.table import format_results
+from linnet.commands._checks import add_force_argument, whole
 from linnet.commands._common import add_model_argument
-from linnet.errors import LinnetError
+from linnet.files import check_output
 from linnet.registry.schema import Protocol
 from linnet.results import save_results
 from linnet.dtypes import DTYPES
@@ -25,17 +26,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--peer", action="append", choices=tuple(PEERS),
                         help="a peer (repeatable; default: all of them); 'transformers' is the reference")
     parser.add_argument("--dtype", default="f32", choices=tuple(DTYPES))
-    parser.add_argument("--prompt-tokens", type=int, default=512)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=None, help="per worker (default: every core)")
+    parser.add_argument("--prompt-tokens", type=whole(1), default=512)
+    parser.add_argument("--new-tokens", type=whole(2), default=128,
+                        help="at least 2: decode speed is timed from the first token on (default: 128)")
+    parser.add_argument("--warmup", type=whole(0), default=3)
+    parser.add_argument("--runs", type=whole(1), default=10)
+    parser.add_argument("--threads", type=whole(1), default=None, help="per worker (default: every core)")
     parser.add_argument("--omp-wait-policy", default=openmp.DEFAULT, choices=OMP_WAIT_POLICIES,
                         help="how the workers' OpenMP threads wait (default: brief, a short spin then sleep; "
                              "inherit leaves the environment alone)")
     parser.add_argument("--sequential", action="store_true",
                         help="run each subject's generations together, not taking turns with the others")
     parser.add_argument("-o", "--output", help="write the results JSON here")
+    add_force_argument(parser)
     parser.set_defaults(func=handle)
 
 
@@ -45,10 +48,8 @@ def subjects(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def handle(args: argparse.Namespace) -> int:
-    if args.new_tokens < 2:
-        raise LinnetError("--new-tokens must be at least 2: decode speed is timed from the first token on")
-    if args.runs < 1 or args.warmup < 0 or args.prompt_tokens < 1:
-        raise LinnetError("--runs and --prompt-tokens must be positive, --warmup not negative")
+    if args.output:  # before the minutes of measuring, not after
+        check_output(args.output, args.force)
     protocol = Protocol(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, batch=1,
                         runs=args.runs, warmups=args.warmup)
     settings = Settings(args.model, subjects(args), protocol, args.dtype, args.threads, args.omp_wait_policy,

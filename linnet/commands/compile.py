@@ -5,9 +5,11 @@ import argparse
 from pathlib import Path
 
 from linnet.backends.registry import packages
+from linnet.commands._checks import add_force_argument
 from linnet.commands._common import add_model_argument
 from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
+from linnet.files import atomic_write, check_output
 from linnet.model import open_model, open_spec
 from linnet.program import build_program
 
@@ -23,14 +25,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="a backend: write its artifact to -o DIR (default: torch); program: print the step as text")
     parser.add_argument("--dtype", default="f32", choices=tuple(DTYPES))
     parser.add_argument("-o", "--output", help="directory to write (a backend target); file for the program")
+    add_force_argument(parser)
     parser.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    if args.output:  # before anything loads: refusing takes no time
+        check_output(args.output, args.force)
     if args.target == "program":
         text = str(build_program(open_spec(args.model), args.dtype))
         if args.output:
-            Path(args.output).write_text(text)
+            atomic_write(args.output, lambda tmp: tmp.write_text(text))
             print(f"wrote {args.output}")
         else:
             print(text, end="")
@@ -38,11 +43,14 @@ def handle(args: argparse.Namespace) -> int:
     if not args.output:
         raise LinnetError(f"--target {args.target} writes a directory: give it with -o DIR")
     out = Path(args.output)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise LinnetError(f"cannot create {out}: {e.strerror}") from None
     package = next(p for p in packages() if p.name == args.target)
-    written = package.write(open_model(args.model), out, args.dtype)
+    model = open_model(args.model)
+    written: list[str] = []
+
+    def write(tmp: Path) -> None:  # the whole artifact, or (interrupted, failed) nothing
+        tmp.mkdir()
+        written.extend(package.write(model, tmp, args.dtype))
+
+    atomic_write(out, write)
     print(f"wrote {', '.join(f'{out}/{name}' for name in written)}")
     return 0

@@ -4,8 +4,10 @@ from __future__ import annotations
 import argparse
 import time
 
+from linnet.commands._checks import add_force_argument
 from linnet.commands._common import add_model_argument
 from linnet.dtypes import DTYPES
+from linnet.files import check_output
 from linnet.gguf.export import TYPES, export_gguf
 from linnet.hf.export import export_hf
 from linnet.model import open_model
@@ -18,23 +20,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_argument(hf)
     hf.add_argument("-o", "--output", required=True, help="directory to create")
     hf.add_argument("--dtype", choices=DTYPES, default=None, help="weights' dtype (default: the model's)")
+    add_force_argument(hf)
     gguf = formats.add_parser("gguf", help="a GGUF file (llama.cpp)")
     add_model_argument(gguf)
     gguf.add_argument("-o", "--output", required=True, help="file to write")
     gguf.add_argument("--type", choices=TYPES, default="f16", help="matrices' type (default: f16)")
+    add_force_argument(gguf)
     parser.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    check_output(args.output, args.force)  # before the model loads: refusing takes no time
     start = time.perf_counter()
     model = open_model(args.model)
     loaded = time.perf_counter()
     if args.format == "hf":
         kind = args.dtype or model.spec.dtype
-        out = export_hf(model, args.output, kind)
+        out = export_hf(model, args.output, kind, force=args.force)
     else:
         kind = args.type
-        out = export_gguf(model, args.output, kind)
+        out = export_gguf(model, args.output, kind, force=args.force)
     done = time.perf_counter()
     print(f"wrote {out} ({args.format}, {kind}) in {done - loaded:.2f} s (loading took {loaded - start:.2f} s)")
     return 0

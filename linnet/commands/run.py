@@ -7,6 +7,7 @@ import os
 import sys
 
 from linnet.backends.runner import cache_positions
+from linnet.commands._checks import number, whole
 from linnet.commands._common import add_model_argument, add_runner_arguments, make_runner
 from linnet.errors import LinnetError
 from linnet.generation import Sampling, generate
@@ -21,13 +22,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--chat", help="a user message, wrapped in the model's chat template")
     parser.add_argument("--system", help="system message for --chat")
     add_runner_arguments(parser)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--max-new-tokens", type=whole(1), default=128)
+    parser.add_argument("--temperature", type=number(0, 100), default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--top-k", type=whole(0), default=0, help="0 keeps every token (default)")
+    parser.add_argument("--top-p", type=number(0, 1, low_open=True), default=1.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    parser.add_argument("--cache-positions", type=int, default=None,
+    parser.add_argument("--cache-positions", type=whole(2), default=None,
                         help="KV cache length (default: prompt + new tokens, rounded up to 128)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     parser.set_defaults(func=handle)
@@ -48,14 +49,24 @@ def handle(args: argparse.Namespace) -> int:
     positions = args.cache_positions or min(cache_positions(len(prompt_ids) + args.max_new_tokens), model.spec.max_positions)
     runner = make_runner(model, args, positions)
 
-    def show(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    shown: list[str] = []  # the text so far: what an interrupted run still reports
 
-    result = generate(
-        runner, prompt_ids, args.max_new_tokens, sampling, tokenizer=tokenizer, stop=args.stop,
-        on_text=None if args.json else show,
-    )
+    def show(text: str) -> None:
+        shown.append(text)
+        if not args.json:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    try:
+        result = generate(runner, prompt_ids, args.max_new_tokens, sampling, tokenizer=tokenizer, stop=args.stop,
+                          on_text=show)
+    except KeyboardInterrupt:  # what was generated is kept: the line ended, or the JSON marked interrupted
+        if args.json:
+            print(json.dumps({"prompt_ids": prompt_ids, "text": "".join(shown), "finish_reason": "interrupted",
+                              "model": str(model.path), "backend": args.backend, "dtype": args.dtype}))
+        elif shown:
+            print(flush=True)
+        raise
     summary = {
         "model": str(model.path),
         "backend": args.backend,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from linnet.commands._checks import add_force_argument
 from linnet.site.render import bundled_results, render_site
 
 
@@ -12,10 +13,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("results", nargs="*", type=Path,
                         help="results files (default: the published results that ship with Linnet)")
     parser.add_argument("-o", "--output", type=Path, default=Path("site"), help="where to write (default: site)")
+    add_force_argument(parser)
     parser.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    pages = render_site(args.results or bundled_results(), args.output)
+    pages = render_site(args.results or bundled_results(), args.output, force=args.force)
     print(f"wrote {len(pages)} pages to {args.output}; open {args.output / 'index.html'}")
     return 0

@@ -51,9 +51,10 @@ def generate(
     needed = len(prompt_ids) + max_new_tokens - 1  # the last token is sampled, never fed back
     if needed > runner.cache.positions:
         raise CacheFull(
-            f"prompt of {len(prompt_ids)} tokens + {max_new_tokens} new tokens needs {needed} cache positions, "
-            f"but the KV cache holds {runner.cache.positions}; shorten the prompt, lower --max-new-tokens, "
-            "or raise --cache-positions"
+            f"the prompt's {len(prompt_ids)} tokens and up to {max_new_tokens} new tokens need "
+            f"{len(prompt_ids)} + {max_new_tokens} - 1 = {needed} cache positions (the last new token is never "
+            f"stored), but the KV cache holds {runner.cache.positions}; shorten the prompt, lower "
+            "--max-new-tokens, or raise --cache-positions"
         )
     if (stop or on_text) and tokenizer is None:
         raise LinnetError("stop strings and streamed text need a tokenizer")

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize
 
 from linnet.errors import LinnetError, UnsupportedModel
-from linnet.files import atomic_write
+from linnet.files import atomic_write, check_output
 from linnet.gguf.reader import ROPE_FREQS
 from linnet.gguf.rope import llama3_factors, rope_permute
 from linnet.gguf.tokenizer import GGUFVocab, gguf_vocab
@@ -25,8 +25,9 @@ TYPES = {"f32": (Q.F32, LlamaFileType.ALL_F32), "f16": (Q.F16, LlamaFileType.MOS
          "bf16": (Q.BF16, LlamaFileType.MOSTLY_BF16), "q8_0": (Q.Q8_0, LlamaFileType.MOSTLY_Q8_0)}
 
 
-def export_gguf(model: LoadedModel, out_file: str | Path, type: str) -> Path:
-    """Write ``model`` as one GGUF file; matrices in ``type``, norms and biases in f32 as llama.cpp does."""
+def export_gguf(model: LoadedModel, out_file: str | Path, type: str, force: bool = False) -> Path:
+    """Write ``model`` as one GGUF file; matrices in ``type``, norms and biases in f32 as llama.cpp does.
+    An existing ``out_file`` is replaced only with ``force``."""
     if type not in TYPES:
         raise LinnetError(f"unknown GGUF type {type!r}; choose from {', '.join(TYPES)}")
     spec, tokenizer = model.spec, model.tokenizer
@@ -34,6 +35,7 @@ def export_gguf(model: LoadedModel, out_file: str | Path, type: str) -> Path:
         raise UnsupportedModel(f"{model.path} has no tokenizer, and a GGUF file must carry one")
     if spec.rope.kind == "llama3" and spec.family != "llama":
         raise UnsupportedModel(f"llama.cpp's {spec.family} graph has no Llama 3 rope scaling")
+    check_output(out_file, force)
     qtype, file_type = TYPES[type]
     tensors = {gguf_name(c): (c, _tensor_type(a, qtype)) for c, a in model.weights.items()}
     vocab = gguf_vocab(tokenizer, spec.vocab_size)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import mmap
 import struct
 from dataclasses import dataclass
+from enum import IntEnum
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -35,17 +36,31 @@ class TensorInfo:
     nbytes: int
 
 
+MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp's tensors have at most four dimensions
+MAX_NESTING = 8  # arrays of arrays: a vocabulary is one level; deeper is a file built to exhaust the stack
+
+
 class GGUFFile:
-    """A GGUF file's metadata (``dict``) and tensors (``raw(name)``: the stored bytes as uint8 rows)."""
+    """A GGUF file's metadata (``dict``) and tensors (``raw(name)``: the stored bytes as uint8 rows).
+
+    Every count, type and size in the header is checked against the file before it is used: a file that
+    is truncated or corrupt, or claims more than it holds (a 2^60-element tensor, a billion metadata
+    keys), is a WeightError naming the file, the byte and the field, and nothing is allocated for a claim
+    the file's size cannot back. Parsed metadata takes at most a small multiple of its bytes in the file.
+    """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        with open(self.path, "rb") as f:  # an empty file cannot be mapped; it fails as a short header
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if f.seek(0, 2) else b""
+        try:
+            with open(self.path, "rb") as f:  # an empty file cannot be mapped; it fails as a short header
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if f.seek(0, 2) else b""
+        except OSError as e:
+            raise WeightError(f"cannot read {self.path}: {e.strerror or e}") from None
+        self._field = "the header"
         try:
             self.metadata, self.tensors = self._parse()
-        except (struct.error, UnicodeDecodeError, ValueError) as e:
-            raise WeightError(f"{self.path} is not a readable GGUF file (truncated or corrupt): {e}") from None
+        except _Corrupt as e:
+            raise WeightError(f"{self.path} is not a readable GGUF file: {self._field}: {e}") from None
         for info in self.tensors.values():
             if info.offset + info.nbytes > len(self._map):
                 raise WeightError(
@@ -63,61 +78,88 @@ class GGUFFile:
     def _parse(self) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
         self._pos = 0
         if self._read(4) != b"GGUF":
-            raise ValueError("bad magic (not a GGUF file)")
+            raise _Corrupt("bad magic (not a GGUF file)")
         version = self._scalar("<I")
         if version not in (2, 3):
-            raise ValueError(f"GGUF version {version} is not supported (2 or 3)")
+            raise _Corrupt(f"GGUF version {version} is not supported (2 or 3)")
         n_tensors, n_kv = self._scalar("<Q"), self._scalar("<Q")
-        metadata = {}
-        for _ in range(n_kv):
+        metadata: dict[str, Any] = {}
+        for i in range(n_kv):  # a count past the file's end fails at the end, having read only the file
+            self._field = f"metadata key {i} of {n_kv}"
             key = self._string()
-            metadata[key] = self._value(GGUFValueType(self._scalar("<I")))
+            self._field = f"metadata {key!r}"
+            metadata[key] = self._value(self._type(GGUFValueType))
         infos = []
-        for _ in range(n_tensors):
+        for i in range(n_tensors):
+            self._field = f"tensor info {i} of {n_tensors}"
             name = self._string()
-            dims = [self._scalar("<Q") for _ in range(self._scalar("<I"))]
-            infos.append((name, dims, self._scalar("<I"), self._scalar("<Q")))
+            self._field = f"tensor {name!r}"
+            n_dims = self._scalar("<I")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise _Corrupt(f"{n_dims} dimensions (GGUF tensors have 1 to {MAX_DIMS})")
+            dims = [self._scalar("<Q") for _ in range(n_dims)]
+            if min(dims) < 1:
+                raise _Corrupt(f"dimensions {dims} include zero")
+            infos.append((name, dims, self._type(GGMLQuantizationType), self._scalar("<Q")))
+        self._field = "general.alignment"
         align = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+        if type(align) is not int or align < 1 or align & (align - 1):
+            raise _Corrupt(f"{align!r} is not a power of two")
         start = -(-self._pos // align) * align
         tensors = {}
-        for name, dims, type_id, offset in infos:
-            qtype = _quant_type(name, type_id)
+        for name, dims, qtype, offset in infos:
+            self._field = f"tensor {name!r}"
+            if name in tensors:
+                raise _Corrupt("listed twice")
+            if qtype not in GGML_QUANT_SIZES:
+                raise _Corrupt(f"GGML type {qtype.name} has no known block size")
             block, size = GGML_QUANT_SIZES[qtype]
             if dims[0] % block:
-                raise ValueError(f"tensor {name!r} row of {dims[0]} is not a whole number of {qtype.name} blocks")
+                raise _Corrupt(f"row of {dims[0]} is not a whole number of {qtype.name} blocks of {block}")
             nbytes = dims[0] // block * size * prod(dims[1:])
             tensors[name] = TensorInfo(name, qtype, tuple(reversed(dims)), start + offset, nbytes)
         return metadata, tensors
 
     def _read(self, n: int) -> bytes:
         if self._pos + n > len(self._map):
-            raise ValueError(f"unexpected end of file at byte {self._pos}")
+            raise _Corrupt(f"needs {n} bytes at byte {self._pos}, past the end of the file "
+                           f"({len(self._map)} bytes): truncated or corrupt")
         data = self._map[self._pos:self._pos + n]
         self._pos += n
         return data
 
     def _scalar(self, fmt: str) -> Any:
-        (value,) = struct.unpack_from(fmt, self._map, self._pos)
-        self._pos += struct.calcsize(fmt)
-        return value
+        return struct.unpack(fmt, self._read(struct.calcsize(fmt)))[0]
+
+    def _type(self, kind: type[IntEnum]) -> Any:
+        type_id = self._scalar("<I")
+        try:
+            return kind(type_id)
+        except ValueError:
+            raise _Corrupt(f"unknown {kind.__name__} {type_id}") from None
 
     def _string(self) -> str:
-        return self._read(self._scalar("<Q")).decode("utf-8")
+        at = self._pos
+        try:
+            return self._read(self._scalar("<Q")).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Corrupt(f"the string at byte {at} is not UTF-8") from None
 
-    def _value(self, vtype: GGUFValueType) -> Any:
+    def _value(self, vtype: GGUFValueType, depth: int = 0) -> Any:
         if vtype == GGUFValueType.STRING:
             return self._string()
         if vtype == GGUFValueType.ARRAY:
-            item, count = GGUFValueType(self._scalar("<I")), self._scalar("<Q")
+            if depth == MAX_NESTING:
+                raise _Corrupt(f"arrays nested more than {MAX_NESTING} deep")
+            item, count = self._type(GGUFValueType), self._scalar("<Q")
             if item in _SCALARS:  # numeric arrays in one read
                 dtype = np.dtype(_SCALARS[item])
                 return np.frombuffer(self._read(count * dtype.itemsize), dtype).tolist()
-            return [self._value(item) for _ in range(count)]
+            if count > len(self._map) - self._pos:  # each item takes a byte at least
+                raise _Corrupt(f"an array of {count} items, more than the file's remaining bytes")
+            return [self._value(item, depth + 1) for _ in range(count)]
         return self._scalar(_SCALARS[vtype])
 
 
-def _quant_type(name: str, type_id: int) -> GGMLQuantizationType:
-    try:
-        return GGMLQuantizationType(type_id)
-    except ValueError:
-        raise WeightError(f"tensor {name!r} has GGML type id {type_id}, which Linnet does not know") from None
+class _Corrupt(Exception):
+    """A header that breaks the format; GGUFFile says which file and field."""

@@ -15,7 +15,7 @@ from safetensors.numpy import save_file
 from linnet.arch import get_architecture
 from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError, UnsupportedModel
-from linnet.files import atomic_write
+from linnet.files import atomic_write, check_output
 from linnet.loaded_model import LoadedModel
 from linnet.names import hf_name
 from linnet.spec import ModelSpec
@@ -23,15 +23,16 @@ from linnet.spec import ModelSpec
 SHARD_BYTES = 2 * 1024**3
 
 
-def export_hf(model: LoadedModel, out_dir: str | Path, dtype: str, shard_bytes: int = SHARD_BYTES) -> Path:
-    """Write ``model`` as an HF checkpoint in ``dtype`` (f32, f16, bf16) to ``out_dir``; returns it."""
+def export_hf(model: LoadedModel, out_dir: str | Path, dtype: str, shard_bytes: int = SHARD_BYTES,
+              force: bool = False) -> Path:
+    """Write ``model`` as an HF checkpoint in ``dtype`` (f32, f16, bf16) to ``out_dir``; returns it.
+    An ``out_dir`` that holds anything is replaced only with ``force``."""
     if dtype not in DTYPES:
         raise LinnetError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
     spec, tokenizer, eos_ids = model.spec, model.tokenizer, list(model.eos_ids)
     config = hf_config(spec, dtype, eos_ids)  # before any file is touched: it may refuse the model
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise LinnetError(f"{out} already exists and is not an empty directory; choose another output")
+    check_output(out, force)
 
     def write(tmp: Path) -> None:
         tmp.mkdir()

@@ -20,9 +20,13 @@ __all__ = ["Entry", "MODELS_DIR", "RESULTS_DIR", "entries", "find", "gguf_path",
 def load_entry(path: Path) -> Entry:
     """Read and check one entry; its file must be named after its id."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise RegistryError(f"{path}: not valid TOML: {e}") from None
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise RegistryError(f"cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise RegistryError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except (tomllib.TOMLDecodeError, RecursionError) as e:  # tomllib recurses per nested array or table
+        raise RegistryError(f"{path}: not valid TOML: {e or 'nested too deeply'}") from None
     entry = parse(Entry, data, str(path), RegistryError)
     check_entry(entry, str(path))
     if path.stem != entry.id:

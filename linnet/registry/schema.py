@@ -49,7 +49,7 @@ def _read(tp: Any, value: Any, where: str, path: str, error: type[LinnetError]) 
     if origin is dict:
         if not isinstance(value, dict):
             _fail(error, where, path, f"expected a table, got {value!r}")
-        return {k: _read(args[1], v, where, f"{path}.{k}", error) for k, v in value.items()}
+        return {k: _read(args[1], v, where, _join(path, k), error) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return parse(tp, value, where, error, path)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
@@ -78,6 +78,8 @@ def parse(cls: type[T], data: Any, where: str, error: type[LinnetError], path: s
 
 
 def _join(path: str, name: str) -> str:
+    """A field's path; a key that is no plain name is quoted, so that an error stays one line."""
+    name = name if name.replace("-", "_").isidentifier() else repr(name)
     return f"{path}.{name}" if path else name
 
 

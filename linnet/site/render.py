@@ -15,6 +15,7 @@ import jinja2
 
 from linnet import registry
 from linnet.errors import ResultsError
+from linnet.files import atomic_write, check_output
 from linnet.results import GROUPS, METRICS, Results, Row, load_results
 from linnet.site import charts, compare
 from linnet.site import format as fmt
@@ -75,11 +76,23 @@ def _load(paths: Sequence[Path]) -> dict[str, list[tuple[Path, Results]]]:
     return by_model
 
 
-def render_site(paths: Sequence[Path], out: Path) -> list[Path]:
-    """Write the site for these results files into ``out``; returns the pages written."""
-    by_model = _load(paths)
+def render_site(paths: Sequence[Path], out: Path, force: bool = False) -> list[Path]:
+    """Write the site for these results files as the directory ``out`` (replacing one that holds anything
+    only with ``force``), whole or not at all; returns the pages written."""
+    check_output(out, force)
+    by_model = _load(paths)  # every results file is checked before anything is written
+    pages: list[str] = []
+
+    def write(tmp: Path) -> None:
+        pages.extend(p.name for p in _write_site(by_model, tmp))
+
+    atomic_write(out, write)
+    return [out / name for name in pages]
+
+
+def _write_site(by_model: dict[str, list[tuple[Path, Results]]], out: Path) -> list[Path]:
     env = _environment()
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir()
     (out / "registry").mkdir(exist_ok=True)
     (out / "results").mkdir(exist_ok=True)
     shutil.copyfile(HERE / "style.css", out / "style.css")

@@ -36,7 +36,7 @@ def test_info_json(checkpoint_dir, capsys):
     [
         (["run", "/no/such/model", "--prompt", "x"], "no such model file or directory"),
         (["run", "{model}", "--prompt", "x" * 200, "--cache-positions", "64"], "cache"),
-        (["run", "{model}", "--prompt", "x", "--top-p", "0"], "top_p must be in"),
+        (["run", "{model}", "--prompt", "x", "--top-p", "0"], "argument --top-p: must be in (0, 1]"),
     ],
 )
 def test_errors_are_one_line(checkpoint_dir, args, message):

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from linnet.program import Op, Program, Section
+from linnet.quantize import dequantized
 
 DTYPES = {"f32": np.float32, "i64": np.int64}
 
@@ -21,6 +22,7 @@ def run_step(
 ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
     """(logits [R, S, vocab], new cache_k per layer, new cache_v per layer); nothing is updated in place."""
     act = DTYPES[program.dtype]
+    weights = _dequantized(program, weights)
     head_weights = {**weights, "lm_head": weights["embed"]} if program.spec.tie_word_embeddings else weights
     (x,) = _run(program.embed, {}, inputs, lambda n: weights[n], act)
     new_k, new_v = [], []
@@ -31,6 +33,18 @@ def run_step(
         new_v.append(v)
     (logits,) = _run(program.head, {"x": x}, inputs, lambda n: head_weights[n], act)
     return logits, new_k, new_v
+
+
+def _dequantized(program: Program, weights: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+    """Block-quantised weights (``Program.quantized``) as the values their blocks stand for."""
+    if not program.quantized:
+        return weights
+    out = dict(weights)
+    for section, name, form in program.quantized:
+        layers = range(program.spec.num_layers) if section == "layer" else [None]
+        for full in (name if i is None else f"layers.{i}.{name}" for i in layers):
+            out[full] = dequantized(weights[full], form)
+    return out
 
 
 def _run(section: Section, params: dict, inputs: Mapping[str, np.ndarray], weight: Callable, act: type) -> list:

@@ -12,4 +12,5 @@ PACKAGE = BackendPackage(
     compile_target="linnet.backends.torch.artifact:write",
     threads="linnet.backends.torch.setup:set_threads",
     prepare="linnet.backends.torch.setup:prepare",
+    options=("quantize",),
 )

@@ -46,11 +46,7 @@ def compiled_decode(x: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() and x.shape[1] == 1
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x [R, T, in] times w [out, in], widened to x's dtype where it is narrower (16-bit weights)."""
-    y = decode_product(x, w) if compiled_decode(x) else x @ w.to(x.dtype).T
-    return y if b is None else y + b
-
+{linear}
 
 def rms_linear(
     x: torch.Tensor, eps: float, w: torch.Tensor, b: torch.Tensor | None = None, n: torch.Tensor | None = None
@@ -78,7 +74,7 @@ def decode_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     products = w.view(-1, 1, parts, size // parts).to(x.dtype) * x[:, 0].view(1, -1, parts, size // parts)
     return products.sum(-1).sum(-1).T[:, None]
 
-
+{blocks}
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.unflatten(-1, (heads, HEAD_DIM))
 
@@ -147,11 +143,11 @@ class Model(torch.nn.Module):
             prefix = f"layers.{{i}}."
             for name, tensor in weights.items():
                 if name.startswith(prefix):
-                    block.register_buffer(name[len(prefix):], tensor, persistent=False)
+                    {layer_register}
             self.layers.append(block)
         for name, tensor in weights.items():
             if not name.startswith("layers."):
-                self.register_buffer(name, tensor, persistent=False)
+                {top_register}
 {tie}        device = self.embed.device
         positions = rope_cos.shape[0]
         shape = (rows, KV_HEADS, positions, HEAD_DIM)
@@ -177,6 +173,84 @@ class Model(torch.nn.Module):
 _TIE = """\
         self.register_buffer("lm_head", self.embed, persistent=False)  # tied: the head is the embedding
 """
+_TIE_BLOCKS = """\
+        self.lm_head = self.embed  # tied: the head is the embedding
+"""
+
+_LINEAR = '''\
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x [R, T, in] times w [out, in], widened to x's dtype where it is narrower (16-bit weights)."""
+    y = decode_product(x, w) if compiled_decode(x) else x @ w.to(x.dtype).T
+    return y if b is None else y + b
+'''
+
+_LINEAR_BLOCKS = '''\
+def linear(x: torch.Tensor, w: "torch.Tensor | Blocks", b: torch.Tensor | None = None) -> torch.Tensor:
+    """x [R, T, in] times w [out, in], widened to x's dtype where it is narrower (16-bit weights); a
+    matrix in blocks is dequantised whole for a prompt and inside the product's loop for a decode step."""
+    if isinstance(w, Blocks):
+        y = w.decode_product(x) if compiled_decode(x) else x @ w.dequantize(x.dtype).T
+    else:
+        y = decode_product(x, w) if compiled_decode(x) else x @ w.to(x.dtype).T
+    return y if b is None else y + b
+'''
+
+_BLOCKS = '''
+class Blocks(torch.nn.Module):
+    """A matrix [out, in] in llama.cpp's blocks of 32 along `in`, given as the bytes a GGUF file holds:
+    per block an f16 scale d (q4_1: then an f16 min m), then 32 codes q. q8_0: q int8, w = d * q; q4_0
+    and q4_1: two codes a byte (element j in the low nibble, j + 16 in the high), w = d * (q - 8) and
+    w = d * q + m. `scales`, `mins` and `codes` are views of those bytes, not copies."""
+
+    BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+
+    def __init__(self, form: str, data: torch.Tensor):
+        super().__init__()
+        self.form = form
+        blocks = data.view(data.shape[0], -1, self.BYTES[form])  # [out, in / 32, bytes]
+        self.register_buffer("scales", blocks[..., :2].view(torch.float16), persistent=False)  # [out, in / 32, 1]
+        if form == "q4_1":
+            self.register_buffer("mins", blocks[..., 2:4].view(torch.float16), persistent=False)
+        codes = blocks[..., 4 if form == "q4_1" else 2:]
+        self.register_buffer("codes", codes.view(torch.int8) if form == "q8_0" else codes, persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    def dequantize(self, dtype: torch.dtype, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The matrix, or its `rows` (an embedding's lookup), in dtype."""
+        codes, d = self.codes, self.scales.float()
+        if rows is not None:
+            codes, d = codes[rows], d[rows]
+        if self.form == "q8_0":
+            w = codes.float() * d
+        else:
+            q = torch.cat((codes & 15, codes >> 4), -1).float()
+            w = q * d + (self.mins if rows is None else self.mins[rows]).float() if self.form == "q4_1" else (q - 8) * d
+        return w.flatten(-2).to(dtype)
+
+    def decode_product(self, x: torch.Tensor) -> torch.Tensor:
+        """x [R, 1, in] times the matrix as a multiply-and-sum, each weight dequantised where the loop
+        reads it (see decode_product): the loop streams the blocks' bytes."""
+        rows = x.shape[0]
+        d, codes = self.scales.float().unsqueeze(1), self.codes.unsqueeze(1)  # [out, 1, in / 32, ...]
+        if self.form == "q8_0":
+            products = codes.float() * d * x[:, 0].view(1, rows, -1, 32)
+        else:
+            x = x[:, 0].view(1, rows, -1, 2, 16)  # each block's elements j and j + 16
+            m = self.mins.float().unsqueeze(1) if self.form == "q4_1" else -8 * d
+            products = ((codes & 15).float() * d + m) * x[..., 0, :] + ((codes >> 4).float() * d + m) * x[..., 1, :]
+        return products.sum((-2, -1)).T[:, None]
+
+
+def attach(module: torch.nn.Module, name: str, weight: "torch.Tensor | Blocks") -> None:
+    if isinstance(weight, Blocks):
+        module.add_module(name, weight)
+    else:
+        module.register_buffer(name, weight, persistent=False)
+
+'''
 
 
 def emit_op(op: Op, program: Program) -> str:
@@ -204,6 +278,11 @@ def emit_op(op: Op, program: Program) -> str:
         return f"{out} = select_tokens({args})"
     if op.kind == "cast":
         return f"{out} = {args}.to({_TORCH_DTYPES[op.attrs['dtype']]})"
+    if op.kind == "embedding" and "embed" in _forms(program):
+        return f"{out} = {op.inputs[1]}.dequantize({_TORCH_DTYPES[program.dtype]}, {op.inputs[0]})"
+    if op.kind == "norm_linear":  # unfolded (a quantised weight keeps the file's values): the norm's weight
+        x, n, w, *rest = op.inputs  # multiplies x before the scale, as for a tied head
+        return f"{out} = rms_linear({x}, {op.attrs['eps']!r}, {', '.join([w, *rest])}, n={n})"
     if op.kind == "embedding" and program.weight_dtype != program.dtype:
         return f"{out} = embedding({args}).to({_TORCH_DTYPES[program.dtype]})"
     if op.kind in ("linear", "swiglu", "embedding", "cache_write"):
@@ -212,6 +291,11 @@ def emit_op(op: Op, program: Program) -> str:
 
 
 _TORCH_DTYPES = {"f32": "torch.float32", "f16": "torch.float16", "bf16": "torch.bfloat16"}
+
+
+def _forms(program: Program) -> dict[str, str]:
+    """The top-level (embedding, head) weights stored in blocks, and their forms."""
+    return {w: form for section, w, form in program.quantized if section == "head"}
 
 
 def _body(program: Program, ops: tuple[Op, ...], indent: int) -> str:
@@ -223,6 +307,7 @@ def generate_source(program: Program) -> str:
     weights under f32 arithmetic) are widened where they are read."""
     spec = program.spec
     rope = spec.rope
+    blocks = bool(program.quantized)
     dims = (
         f"hidden {spec.hidden_size}, intermediate {spec.intermediate_size}, {spec.num_layers} layers, "
         f"{spec.num_heads} heads ({spec.num_kv_heads} for keys and values) of {spec.head_dim},\n"
@@ -237,7 +322,12 @@ def generate_source(program: Program) -> str:
         num_heads=spec.num_heads,
         num_kv_heads=spec.num_kv_heads,
         head_dim=spec.head_dim,
-        tie=_TIE if spec.tie_word_embeddings else "",  # fold_norm_weights leaves a tied head unfolded
+        tie=(_TIE_BLOCKS if blocks and "embed" in _forms(program) else _TIE) if spec.tie_word_embeddings else "",
+        linear=_LINEAR_BLOCKS if blocks else _LINEAR,
+        blocks=_BLOCKS if blocks else "",
+        layer_register="attach(block, name[len(prefix):], tensor)" if blocks
+        else "block.register_buffer(name[len(prefix):], tensor, persistent=False)",
+        top_register="attach(self, name, tensor)" if blocks else "self.register_buffer(name, tensor, persistent=False)",
         layer_body=_body(program, program.layer.ops, 4),
         layer_results=", ".join(program.layer.results),
         embed_body=_body(program, program.embed.ops, 8),

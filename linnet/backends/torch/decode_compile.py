@@ -47,21 +47,33 @@ def _through_views(node: Any) -> Any:
 
 
 def product_inputs(graph: torch.fx.Graph) -> list[torch.fx.Node]:
-    """The pointwise-computed activations that a multiply-and-sum with a graph input (a weight) reads
-    (a reduction's output, such as attention's, is a buffer already and keeps the layout it has)."""
+    """The pointwise-computed activations that a multiply-and-sum with a weight reads (a reduction's
+    output, such as attention's, is a buffer already and keeps the layout it has). The sum is over a
+    product or a sum of products (a 4-bit block's low and high halves); a weight is a graph input, or
+    computed from graph inputs alone by pointwise ops (a matrix in blocks, dequantised in the loop)."""
     found = []
     for node in graph.nodes:
         if node.op != "call_function" or node.target != aten.sum.dim_IntList:
             continue
-        mul = node.args[0]
-        if not (isinstance(mul, torch.fx.Node) and mul.target == aten.mul.Tensor):
-            continue
-        a, b = (_through_views(arg) for arg in mul.args)
-        for weight, activation in ((a, b), (b, a)):
-            is_weight = isinstance(weight, torch.fx.Node) and weight.op == "placeholder"
-            if is_weight and _is_pointwise(activation) and activation not in found:
-                found.append(activation)
+        term = node.args[0]
+        terms = term.args if isinstance(term, torch.fx.Node) and term.target == aten.add.Tensor else (term,)
+        for mul in terms:
+            if not (isinstance(mul, torch.fx.Node) and mul.target == aten.mul.Tensor):
+                continue
+            for weight, activation in (mul.args, mul.args[::-1]):
+                activation = _through_views(activation)
+                if (_from_weights(weight) and _is_pointwise(activation) and not _from_weights(activation)
+                        and activation not in found):
+                    found.append(activation)
     return found
+
+
+def _from_weights(node: Any) -> bool:
+    """Whether a value is computed from graph inputs (weights) alone, through views, casts and pointwise ops."""
+    node = _through_views(node)
+    if not isinstance(node, torch.fx.Node) or node.op == "placeholder":
+        return True
+    return _is_pointwise(node) and all(_from_weights(arg) for arg in node.all_input_nodes)
 
 
 def _is_pointwise(node: Any) -> bool:
@@ -78,7 +90,7 @@ class DecodeStepPass(CustomGraphPass):
             node.meta["inductor_realize_to_strides"] = True  # lowering realizes such a node's value
 
     def uuid(self) -> Any:
-        return "linnet-decode-step-3"
+        return "linnet-decode-step-4"
 
 
 DECODE_STEP_PASS = DecodeStepPass()

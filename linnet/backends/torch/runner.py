@@ -11,6 +11,7 @@ import random
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from types import FunctionType, ModuleType
 from typing import Any
 
@@ -22,7 +23,10 @@ from linnet.backends.torch.codegen import generate_source
 from linnet.backends.torch.setup import unavailable
 from linnet.errors import BackendUnavailable, LinnetError
 from linnet.files import atomic_write
-from linnet.program import Program, build_program, fold_norm_weights, fuse_norm_linears, fuse_projections
+from linnet.program import (
+    Program, build_program, fold_norm_weights, fuse_norm_linears, fuse_projections, infer_types, quantize_weights,
+)
+from linnet.quantize import FORMS, check_form
 from linnet.rope import rope_tables
 from linnet.sampling import Sampling
 from linnet.spec import ModelSpec
@@ -31,19 +35,57 @@ from linnet.weight_plan import WeightPlan, plan_weights
 from linnet.weights import Weights
 
 MODES = ("eager", "inductor", "cudagraphs")
+CACHE_BUCKET = 256  # cache positions are allocated in multiples of this
 TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
-def torch_program(spec: ModelSpec, dtype: str = "f32", weight_dtype: str | None = None) -> Program:
-    return fold_norm_weights(fuse_norm_linears(fuse_projections(build_program(spec, dtype, weight_dtype))))
+def torch_program(spec: ModelSpec, dtype: str = "f32", weight_dtype: str | None = None,
+                  quantize: str = "none", weights: Weights | None = None) -> Program:
+    """The program the torch backend runs. ``quantize``: "none"; a form (``linnet.quantize.FORMS``) for
+    every matrix; or "gguf": each matrix as ``weights`` stores it where that is a block form (a GGUF file's)."""
+    program = fuse_norm_linears(fuse_projections(build_program(spec, dtype, weight_dtype)))
+    forms = block_forms(program, weights, quantize)
+    # A matrix in blocks keeps its values: its norm's weight multiplies x instead of being folded in.
+    return quantize_weights(program, forms) if forms else fold_norm_weights(program)
+
+
+def block_forms(program: Program, weights: Weights | None, quantize: str) -> dict[tuple[str, str], str]:
+    """(section, matrix) -> block form, for the matrices ``quantize`` (see torch_program) puts in blocks."""
+    if quantize == "none":
+        return {}
+    types = infer_types(program)
+    matrices = {("layer" if section == "layer" else "head", name[2:]) for section, env in types.items()
+                for name, value in env.items() if name.startswith("w.") and len(value.shape) == 2}
+    if program.spec.tie_word_embeddings:
+        matrices.discard(("head", "lm_head"))  # it is the embedding
+    if quantize != "gguf":
+        return dict.fromkeys(sorted(matrices), check_form(quantize))
+    stored = getattr(weights, "blocks", {})  # name -> (form, bytes)
+    parts = dict(program.fused)
+    forms = {}
+    for section, name in sorted(matrices):
+        prefixes = [f"layers.{i}." for i in range(program.spec.num_layers)] if section == "layer" else [""]
+        found = {stored.get(prefix + part, ("",))[0] for prefix in prefixes for part in parts.get(name, (name,))}
+        if len(found) == 1 and found <= set(FORMS):
+            forms[section, name] = found.pop()
+    return forms
 
 
 def torch_weights(weights: Weights, program: Program) -> dict[str, torch.Tensor]:
-    """The program's weight plan, carried out once (and cached) in NumPy, as tensors sharing its memory."""
-    arrays = plan_weights(weights, WeightPlan(program.dtype, program.fused, program.folded))
+    """The program's weight plan, carried out once (and cached) in NumPy, as tensors sharing its memory
+    (a matrix in blocks: its uint8 block bytes)."""
+    plan = WeightPlan(program.weight_dtype, program.fused, program.folded, program.quantized)
+    arrays = plan_weights(weights, plan)
     with warnings.catch_warnings():  # the arrays map a read-only file; the model never writes its weights
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return {name: _tensor(array) for name, array in arrays.items()}
+
+
+def block_names(program: Program) -> dict[str, str]:
+    """Each weight stored in blocks, by its full name, and its form."""
+    layers = [f"layers.{i}." for i in range(program.spec.num_layers)]
+    return {prefix + name: form for section, name, form in program.quantized
+            for prefix in (layers if section == "layer" else [""])}
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
@@ -88,7 +130,12 @@ class TorchRunner(Runner):
         dtype: str = "f32",
         mode: str = "eager",
         device: str | None = None,
+        quantize: str = "none",
     ):
+        """``quantize`` (CPU only): "none"; a block form for every matrix (``linnet.quantize.FORMS``); or
+        "gguf": the matrices a GGUF file stores as Q8_0, Q4_0 or Q4_1, in those blocks. Not the default:
+        the compiled step's dequantising loops are compute-bound and measured slower than f32's on an
+        AVX-512 EPYC, eager's dequantise whole matrices at every step (docs/QUANTIZE.md)."""
         if mode not in MODES:
             raise LinnetError(f"unknown torch mode {mode!r}; choose from {', '.join(MODES)}")
         if dtype not in TORCH_DTYPES:
@@ -101,11 +148,20 @@ class TorchRunner(Runner):
         # A CPU's one-token products are bound by the bytes they read, and most CPUs lack fast 16-bit
         # arithmetic: there a 16-bit dtype means 16-bit weights widened inside the f32 product loops.
         self.act = dtype if self.device.type == "cuda" else "f32"
-        program = torch_program(weights.spec, self.act, weight_dtype=dtype)
+        if quantize not in ("none", "gguf"):
+            check_form(quantize)
+        if quantize != "none" and self.device.type != "cpu":
+            raise LinnetError(f"--quantize {quantize}: weights in blocks run on the CPU only, not on {self.device.type}")
+        program = torch_program(weights.spec, self.act, dtype, quantize, weights)
+        self.quantized = sorted({form for _, _, form in program.quantized})
         self.source = generate_source(program)
         module = load_generated_module(self.source)
-        tensors = {name: t.to(self.device) for name, t in torch_weights(weights, program).items()}
-        cos, sin = rope_tables(weights.spec, cache.positions + 1)  # and the scratch position
+        blocks = block_names(program)
+        tensors = {name: module.Blocks(blocks[name], t) if name in blocks else t.to(self.device)
+                   for name, t in torch_weights(weights, program).items()}
+        # the real positions and the scratch one, bucketed: a compiled step is built for one cache length,
+        # so nearby lengths (another --max-new-tokens) share it
+        cos, sin = rope_tables(weights.spec, -(-(cache.positions + 1) // CACHE_BUCKET) * CACHE_BUCKET)
         self.model = module.Model(tensors, torch.from_numpy(cos), torch.from_numpy(sin), cache.rows,
                                   TORCH_DTYPES[self.act])
         self.all_rows = torch.arange(cache.rows, device=self.device)
@@ -113,6 +169,7 @@ class TorchRunner(Runner):
         if mode in ("inductor", "cudagraphs"):
             self._compile()
         self._graph = None
+        self.compile_time = 0.0  # seconds spent in the compiled steps' first calls (compiling or loading them)
         self.load_time = weights.load_time + time.perf_counter() - start
 
     def _compile(self) -> None:
@@ -130,9 +187,28 @@ class TorchRunner(Runner):
         # nothing else is), decode's shape never changes. Each runner gets its own code objects, since
         # dynamo caches per code object: other runners' graphs would count towards its recompile limit.
         prefill, decode = _own_code(prefill, id(self)), _own_code(decode, id(self))
-        self._prefill_fn = torch.compile(prefill)
+        self._prefill_fn = self._noted(torch.compile(prefill), "prompt step")
         options = decode_compile_options()  # keeps the weight-streaming loops lean; see decode_compile
-        self._decode_fn = torch.compile(decode, dynamic=False, fullgraph=True, options=options)
+        self._decode_fn = self._noted(torch.compile(decode, dynamic=False, fullgraph=True, options=options), "decode step")
+
+    def _noted(self, step: Callable[..., Any], what: str) -> Callable[..., Any]:
+        """``step``, whose first call (where it compiles, or loads from inductor's cache) says so on stderr
+        and is timed into ``compile_time``."""
+        first = True
+
+        def call(*args: Any) -> Any:
+            nonlocal first
+            if not first:
+                return step(*args)
+            first = False
+            print(f"linnet: {self.name} is compiling its {what} (once per model, dtype and cache size; "
+                  "minutes the first time, seconds once inductor has cached it)", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            out = step(*args)
+            self.compile_time += time.perf_counter() - start
+            return out
+
+        return call
 
     @torch.inference_mode()
     def _forward(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray | None):
@@ -185,7 +261,7 @@ class TorchRunner(Runner):
 
     def describe(self) -> dict:
         return {**super().describe(), "dtype": self.dtype, "arithmetic": self.act, "device": str(self.device),
-                "threads": torch.get_num_threads()}
+                "threads": torch.get_num_threads(), **({"blocks": ", ".join(self.quantized)} if self.quantized else {})}
 
     def peak_memory(self) -> int:
         if self.device.type == "cuda":

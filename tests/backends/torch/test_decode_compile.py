@@ -102,3 +102,37 @@ def test_a_16_bit_weight_widened_in_the_loop_is_still_a_weight(two_threads_no_gr
     torch.testing.assert_close(out, widened(x, w, n))
     loop = _reduction_over_rows(code)
     assert "std::sqrt" not in loop and "convert<float,2,at::BFloat16" in loop  # reads 16 bits, widens in the loop
+
+
+@pytest.mark.parametrize("form, code", [("q8_0", "Vectorized<int8_t>::loadu"), ("q4_1", "Vectorized<uint8_t>::loadu")])
+def test_a_matrix_in_blocks_is_dequantised_in_the_loop(form, code, two_threads_no_graph_cache):
+    """The generated `Blocks` product: the loop reads the block bytes (8-bit codes, f16 scales) and the
+    realized input, nothing recomputed per weight."""
+    from linnet.backends.torch.codegen import generate_source
+    from linnet.backends.torch.runner import load_generated_module, torch_program
+    from linnet.quantize import dequantized, quantized
+    from linnet.spec import spec_from_hf_config
+
+    spec = spec_from_hf_config({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+                                "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 64,
+                                "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 1e4})
+    blocks_class = load_generated_module(generate_source(torch_program(spec, quantize=form))).Blocks
+    matrix = torch.randn(4096, 64).numpy()
+    w = blocks_class(form, torch.from_numpy(quantized(matrix, form)))
+    x, n = torch.randn(1, 1, 64), torch.randn(64)
+
+    def scaled(x, n):
+        return n * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))
+
+    def product(x, n):
+        return w.decode_product(scaled(x, n))
+
+    _, [plain] = run_and_get_code(torch.compile(product, options={"realize_reads_threshold": 1}), x, n)
+    out, [lean] = run_and_get_code(torch.compile(product, options=decode_compile_options()), x, n)
+    values = torch.from_numpy(dequantized(quantized(matrix, form), form))
+    torch.testing.assert_close(out[0, 0], values @ scaled(x, n)[0, 0], rtol=1e-4, atol=1e-4)
+    # the loop reads 8-bit codes and widens them; the pass (which sees the dequantised blocks as a
+    # weight) has the scaled input written once before it, where it would be recomputed per row
+    assert code in _reduction_over_rows(lean) and "std::sqrt" not in _reduction_over_rows(lean)
+    if form == "q8_0":  # (a 4-bit block reads the input twice, its halves, which realizes it anyway)
+        assert "std::sqrt" in _reduction_over_rows(plain)

@@ -1,0 +1,180 @@
+"""The machine's read bandwidth, measured in the run, and each decode row's reads against it.
+
+A batch-1 decode step streams every weight it multiplies by once, plus the KV cache up to its position,
+so its speed is bounded by bytes per token / read bandwidth. The bench measures that bandwidth itself,
+in a process started as the workers are (same threads, same OpenMP settings), by summing a float32
+buffer far larger than any cache with torch; each decode row is then reported as the bytes a step
+must read x its tokens per second, and as a share of the measured bandwidth.
+
+The bytes are what a step must read, counted alike for every subject: each matrix once (the embedding
+table only for its one row, unless the head is tied to it and reads it whole), and the KV cache's keys
+and values at the mean position of the timed steps. A runner that reads more (a fixed-shape cache read
+whole, say) has that cost in its speed, not in its byte count.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from linnet.bench.protocol import PEERS, Job
+from linnet.dtypes import DTYPES
+from linnet.errors import LinnetError
+from linnet.gguf.format import GGUFFile
+from linnet.registry.schema import Protocol
+from linnet.results import Machine, Row
+from linnet.spec import ModelSpec
+
+BUFFER_BYTES = 2**30  # 1 GiB: hundreds of times any CPU cache
+PASSES = 5
+
+
+def measure(buffer_bytes: int = BUFFER_BYTES, passes: int = PASSES) -> list[float]:
+    """GB/s of each timed pass of a float32 sum over ``buffer_bytes``, after one untimed pass."""
+    import torch
+
+    buffer = torch.ones(buffer_bytes // 4, dtype=torch.float32)  # written once: every page is resident
+    buffer.sum()
+    samples = []
+    for _ in range(passes):
+        start = time.perf_counter()
+        buffer.sum()
+        samples.append(buffer.numel() * 4 / (time.perf_counter() - start) / 1e9)
+    return samples
+
+
+def measure_apart(env: dict[str, str], log: Any = sys.stderr, buffer_bytes: int = BUFFER_BYTES,
+                  passes: int = PASSES) -> list[float]:
+    """``measure`` in a process of its own with ``env``, as the bench's workers run."""
+    print("linnet bench: measuring the read bandwidth ...", file=log, flush=True)
+    command = [sys.executable, "-P", "-m", "linnet.bench.bandwidth", str(buffer_bytes), str(passes)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise LinnetError(f"measuring the read bandwidth failed: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@dataclass(frozen=True)
+class TokenReads:
+    """The bytes one timed decode step must read."""
+
+    weights: int
+    weight_type: str  # "f32", "q4_1", or "q4_1, q6_k, f32" for a GGUF file's mixture, most bytes first
+    kv_cache: int
+    kv_type: str
+    position: float  # the keys each step attends over, on average
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache
+
+    def note(self, decode_tok_s: float, bandwidth_gb_s: float) -> str:
+        rate = self.total * decode_tok_s / 1e9
+        return (f"reads {self.total / 1e6:.2f} MB per token (weights {self.weights / 1e6:.2f} MB in "
+                f"{self.weight_type}, KV cache {self.kv_cache / 1e6:.2f} MB in {self.kv_type} at "
+                f"{self.position:g} positions on average): {rate:.2f} GB/s, "
+                f"{rate / bandwidth_gb_s:.0%} of the read bandwidth measured in this run")
+
+
+def mean_position(protocol: Protocol) -> float:
+    """Keys attended over, averaged over the timed steps: step k of 1..N-1 feeds token k at position
+    P + k - 1 and reads P + k positions, so the mean is P + N / 2."""
+    return protocol.prompt_tokens + protocol.new_tokens / 2
+
+
+def element_bytes(type_name: str) -> float:
+    """Bytes per element: a Linnet dtype's, or a GGML type's (a block's bytes over its elements)."""
+    if type_name in DTYPES:
+        return DTYPES[type_name].numpy.itemsize
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name.upper()]]
+    except KeyError:
+        raise LinnetError(f"unknown weight type {type_name!r}") from None
+    return size / block
+
+
+def kv_cache_bytes(spec: ModelSpec, position: float, kv_type: str) -> int:
+    return round(2 * spec.num_layers * spec.kv_size * position * element_bytes(kv_type))
+
+
+def weights_in_dtype(spec: ModelSpec, weight_type: str) -> dict[str, int]:
+    """Bytes a step reads with every weight in ``weight_type`` (Linnet's runners, transformers)."""
+    streamed = spec.parameter_count()
+    if not spec.tie_word_embeddings:  # the embedding gives one row; the head's own matrix is read whole
+        streamed -= (spec.vocab_size - 1) * spec.hidden_size
+    return {weight_type: round(streamed * element_bytes(weight_type))}
+
+
+def weights_of_gguf(path: str | Path, spec: ModelSpec) -> dict[str, int]:
+    """Bytes a step reads, by GGML type, with a GGUF file's tensors as stored (as llama.cpp runs them)."""
+    tensors = GGUFFile(path).tensors
+    tied = "output.weight" not in tensors
+    by_type: dict[str, int] = {}
+    for t in tensors.values():
+        read = t.nbytes // spec.vocab_size if t.name == "token_embd.weight" and not tied else t.nbytes
+        by_type[t.type.name.lower()] = by_type.get(t.type.name.lower(), 0) + read
+    return by_type
+
+
+def token_reads(spec: ModelSpec, protocol: Protocol, weights: dict[str, int], kv_type: str) -> TokenReads:
+    """``weights`` (bytes by type) and the KV cache at the mean position."""
+    position = mean_position(protocol)
+    types = ", ".join(sorted(weights, key=weights.get, reverse=True))
+    return TokenReads(sum(weights.values()), types, kv_cache_bytes(spec, position, kv_type), kv_type, position)
+
+
+def subject_reads(subject: str, job: Job, spec: ModelSpec, accelerated: bool) -> TokenReads:
+    """What one decode step of ``subject`` must read. Linnet's torch backend keeps its KV cache (and its
+    arithmetic) in f32 on a CPU whatever the weights' dtype; the other backends are counted alike."""
+    if subject == "llama.cpp":
+        from linnet.bench.peers_llamacpp import llama_cpp_reads
+
+        return llama_cpp_reads(job, spec)
+    kv = job.dtype if accelerated or subject in PEERS else "f32"
+    return token_reads(spec, job.protocol, weights_in_dtype(spec, job.dtype), kv)
+
+
+def reads_of_subjects(job: Job, spec: ModelSpec, reports: dict[str, dict[str, Any]]) -> dict[str, TokenReads]:
+    """``subject_reads`` of every subject that ran, given the workers' reports."""
+    accelerated = any(r.get("accelerator") for r in reports.values())
+    return {s: subject_reads(s, job, spec, accelerated) for s, r in reports.items() if "not_run" not in r}
+
+
+def add_notes(rows: list[Row], reads: dict[str, TokenReads], gb_s: float) -> None:
+    """Each decode row's reads per token, as GB/s and as a share of ``gb_s``, in its notes."""
+    for row in rows:
+        if row.id in reads and row.not_run is None:
+            row.notes.append(reads[row.id].note(row.value("decode_tok_s"), gb_s))
+
+
+_NOTE = re.compile(r"^reads ([0-9.]+) MB per token ")
+
+
+def measured(machine: Machine) -> str:
+    """The measured read bandwidth, for a summary's machine line; "" where none was measured."""
+    m = machine.read_gb_s
+    if m is None:
+        return ""
+    spread = f" ({min(m.samples):.1f}-{max(m.samples):.1f} over {len(m.samples)} passes)" if m.samples else ""
+    return f" · read bandwidth {m.value:.1f} GB/s{spread}"
+
+
+def read_rate(row: Row, machine: Machine) -> str:
+    """A decode row's reads per token x tokens per second, and its share of the measured bandwidth,
+    from the figure ``TokenReads.note`` left in its notes; "–" without one."""
+    mb = next((float(m[1]) for n in row.notes if (m := _NOTE.match(n))), None)
+    if mb is None or machine.read_gb_s is None:
+        return "–"
+    rate = mb * row.value("decode_tok_s") / 1e3
+    return f"{rate:.2f} GB/s, {rate / machine.read_gb_s.value:.0%}"
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(int(sys.argv[1]), int(sys.argv[2]))), flush=True)

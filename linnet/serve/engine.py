@@ -1,0 +1,360 @@
+"""The serving engine: continuous batching of many requests over a runner's fixed cache rows.
+
+One thread owns the runner and calls its batched ``step`` in a loop. Each request gets a cache row of
+its own; a request that finds every row busy waits in a bounded queue. Each step feeds every running
+row: a decoding row its last token, a row still reading its prompt the next chunk of it (at most
+``prefill_tokens`` prompt tokens per step over all rows, so a long prompt never stalls the streams
+already decoding). A request that finishes (EOS, stop id, stop string, max tokens, a full row) or is
+cancelled frees its row at once, and a waiting one takes it in the next step.
+
+Callers on any thread use ``submit`` (validates, then queues or refuses) and ``Request.cancel``; events
+come back through the request's ``on_event`` callback, called on the engine thread (keep it quick: the
+HTTP side hands each event to its event loop with ``call_soon_threadsafe``), or, without a callback,
+through ``Request.events()``.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from linnet.backends.runner import CACHE_FULL, OK, Decode, Prefill, RowResult, Runner
+from linnet.errors import LinnetError
+from linnet.generation.text import TextStream
+from linnet.sampling import Sampling
+from linnet.serve.metrics import Metrics
+from linnet.tokenizer import Tokenizer
+
+log = logging.getLogger("linnet.serve")
+
+STOP, LENGTH, CANCELLED, ERROR = "stop", "length", "cancelled", "error"
+
+
+class RequestError(LinnetError):
+    """A request the engine cannot run as asked; ``param`` names the field at fault."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+class QueueFull(LinnetError):
+    """Every row is busy and the queue holds as many requests as it may."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """How one request generates. ``max_tokens=None`` fills the rest of its cache row."""
+
+    max_tokens: int | None = 16
+    sampling: Sampling = Sampling()
+    stop: tuple[str, ...] = ()  # strings that end the text (never shown)
+    stop_ids: tuple[int, ...] = ()  # token ids that end it, as EOS does
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class Event:
+    """What a request produced since its last event; the last one has a ``finish_reason``."""
+
+    text: str  # text now safe to show: whole characters, nothing that could begin a stop string
+    token_ids: tuple[int, ...]  # tokens sampled (an ending EOS or stop id is not among them)
+    finish_reason: str | None = None  # STOP, LENGTH, CANCELLED or ERROR
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # every token sampled, an ending EOS or stop id included
+    error: str = ""
+
+
+@dataclass
+class Completion:
+    """A whole request's outcome, gathered from its events."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    error: str = ""
+
+
+class Request:
+    """A submitted request: its handle for cancelling and, without a callback, for reading its events."""
+
+    def __init__(self, engine: Engine, prompt_ids: list[int], params: Params,
+                 on_event: Callable[[Event], None] | None):
+        self.engine = engine
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.row: int | None = None  # the cache row it runs in, once admitted
+        self.submitted = time.perf_counter()
+        self.done = False
+        self._events: queue.Queue[Event] | None = None if on_event else queue.Queue()
+        self._on_event = on_event or self._events.put
+
+    def cancel(self) -> None:
+        """Stop generating and free the row (from any thread; nothing happens once it has finished)."""
+        self.engine._cancel(self)
+
+    def events(self) -> Iterator[Event]:
+        """The request's events, as they come, until its last (only for requests without a callback)."""
+        if self._events is None:
+            raise LinnetError("this request delivers its events to its callback")
+        while True:
+            event = self._events.get()
+            yield event
+            if event.finish_reason:
+                return
+
+    def result(self) -> Completion:
+        """Wait for the end; the whole text, tokens and counts."""
+        text, tokens = [], []
+        for event in self.events():
+            text.append(event.text)
+            tokens += event.token_ids
+        return Completion("".join(text), tokens, event.finish_reason, event.prompt_tokens,
+                          event.completion_tokens, event.error)
+
+
+@dataclass
+class _Running:
+    """The engine thread's state of one admitted request."""
+
+    request: Request
+    stream: TextStream | None
+    stops: frozenset[int]
+    max_tokens: int
+    fed: int = 0  # prompt tokens written so far
+    last: int | None = None  # the last token sampled, fed back in the next step
+    sampled: int = 0
+    pending: list[int] = field(default_factory=list)  # tokens since the last event
+
+
+class Engine:
+    def __init__(self, runner: Runner, tokenizer: Tokenizer | None = None, max_queue: int = 256,
+                 prefill_tokens: int | None = None):
+        if max_queue < 0:
+            raise LinnetError(f"max_queue must not be negative, got {max_queue}")
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset(tokenizer.eos_ids if tokenizer else ())
+        self.max_queue = max_queue
+        self.prefill_tokens = prefill_tokens or runner.prefill_chunk  # prompt tokens per step, all rows
+        self.metrics = Metrics()
+        self._cond = threading.Condition()
+        self._waiting: deque[Request] = deque()
+        self._cancels: list[Request] = []
+        self._running: dict[int, _Running] = {}  # row -> its request, in order of admission
+        self._free = list(range(runner.cache.rows))  # a heap: the lowest free row is taken first
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- any thread ----------------------------------------------------------------------------
+    @property
+    def rows(self) -> int:
+        return self.runner.cache.rows
+
+    @property
+    def queue_length(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def rows_busy(self) -> int:
+        return self.rows - len(self._free)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def max_tokens_for(self, prompt_tokens: int) -> int:
+        """The most tokens a prompt of this length leaves room for (the last one is never fed back)."""
+        return self.runner.cache.positions - prompt_tokens + 1
+
+    def submit(self, prompt_ids: Sequence[int], params: Params = Params(),
+               on_event: Callable[[Event], None] | None = None) -> Request:
+        """Queue a request, or raise ``RequestError`` (it cannot run as asked) or ``QueueFull``."""
+        prompt_ids = list(prompt_ids)
+        self._check(prompt_ids, params)
+        request = Request(self, prompt_ids, params, on_event)
+        with self._cond:
+            if self._stopping:
+                raise LinnetError("the engine is stopping")
+            if len(self._waiting) >= self.max_queue + len(self._free):  # free rows take theirs next step
+                self.metrics.refuse()
+                raise QueueFull(f"all {self.rows} rows are busy and {len(self._waiting)} requests wait; "
+                                "try again later")
+            self._waiting.append(request)
+            self._cond.notify()
+        return request
+
+    def start(self) -> Engine:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="linnet-engine", daemon=True)
+                self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Finish every request (CANCELLED, 'the engine stopped') and end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+        else:  # never started: end the queued requests here
+            self._end_all("the engine stopped")
+
+    def warm_up(self) -> None:
+        """One short prefill and one decode step, before serving: compiled backends compile here, not
+        in someone's request. Call before ``start``."""
+        runner = self.runner
+        prompt = [0] * min(16, runner.cache.positions - 1)
+        first = runner.step(prefill=[Prefill(0, prompt)])[0]
+        runner.step(decode=[Decode(0, first.token)])
+        runner.reset(0)
+
+    def _check(self, prompt_ids: list[int], params: Params) -> None:
+        positions, vocab = self.runner.cache.positions, self.runner.spec.vocab_size
+        if not prompt_ids:
+            raise RequestError("the prompt is empty", "prompt")
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise RequestError(f"prompt token ids must lie in 0..{vocab - 1}", "prompt")
+        if len(prompt_ids) > positions:
+            raise RequestError(f"the prompt has {len(prompt_ids)} tokens, more than a cache row's {positions} "
+                               "positions", "prompt", "context_length_exceeded")
+        if params.max_tokens is not None:
+            if params.max_tokens < 1:
+                raise RequestError(f"max_tokens must be at least 1, got {params.max_tokens}", "max_tokens")
+            room = self.max_tokens_for(len(prompt_ids))
+            if params.max_tokens > room:
+                raise RequestError(
+                    f"a cache row holds {positions} positions: the prompt's {len(prompt_ids)} tokens leave room "
+                    f"for at most {room} new tokens, but max_tokens is {params.max_tokens}", "max_tokens",
+                    "context_length_exceeded")
+        if params.stop and self.tokenizer is None:
+            raise RequestError("stop strings need a tokenizer, and this engine has none", "stop")
+
+    def _cancel(self, request: Request) -> None:
+        with self._cond:
+            if not request.done:
+                self._cancels.append(request)
+                self._cond.notify()
+
+    # -- the engine thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stopping or self._waiting or self._running or self._cancels):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                cancels, self._cancels = self._cancels, []
+                admitted = []
+                while self._waiting and self._free:
+                    admitted.append(self._waiting.popleft())
+            for request in cancels:
+                self._end(request, CANCELLED)
+            for request in admitted:
+                if not request.done:  # it may have been cancelled while it waited
+                    self._admit(request)
+            if self._running:
+                self._step()
+        self._end_all("the engine stopped")
+
+    def _admit(self, request: Request) -> None:
+        row = heapq.heappop(self._free)
+        params = request.params
+        stops = frozenset(params.stop_ids) | (frozenset() if params.ignore_eos else self.eos_ids)
+        stream = TextStream(self.tokenizer, params.stop) if self.tokenizer else None
+        max_tokens = params.max_tokens or self.max_tokens_for(len(request.prompt_ids))
+        request.row = row
+        self.runner.reset(row)
+        self._running[row] = _Running(request, stream, stops, max_tokens)
+
+    def _step(self) -> None:
+        prefill, decode, sampling, budget = [], [], {}, self.prefill_tokens
+        for row, run in self._running.items():
+            prompt = run.request.prompt_ids
+            if run.fed < len(prompt):
+                take = min(budget, len(prompt) - run.fed)
+                if take == 0:
+                    continue  # this step's prompt budget is spent; its turn comes in the next one
+                prefill.append(Prefill(row, prompt[run.fed:run.fed + take], run.fed, run.fed + take == len(prompt)))
+                run.fed += take
+                budget -= take
+            else:
+                decode.append(Decode(row, run.last))
+            sampling[row] = run.request.params.sampling
+        started = time.perf_counter()
+        try:
+            results = self.runner.step(prefill=prefill, decode=decode, sampling=sampling)
+        except Exception as e:  # the runner failed: end what ran in it, keep serving the rest
+            log.exception("runner step failed")
+            for run in list(self._running.values()):
+                self._end(run.request, ERROR, f"the model step failed: {e}")
+            return
+        now = time.perf_counter()
+        self.metrics.step(now - started, sum(r.token is not None for r in results.values()), now)
+        for row, result in results.items():
+            self._advance(self._running[row], result)
+
+    def _advance(self, run: _Running, result: RowResult) -> None:
+        request = run.request
+        if result.status == CACHE_FULL:
+            return self._end(request, LENGTH)
+        if result.status != OK:
+            return self._end(request, ERROR, result.message)
+        if result.token is None:  # a prompt chunk that is not the last
+            return
+        token = result.token
+        run.sampled += 1
+        if run.sampled == 1:
+            self.metrics.first_token(time.perf_counter() - request.submitted)
+        if token in run.stops:
+            return self._end(request, STOP)
+        run.pending.append(token)
+        run.last = token
+        piece = run.stream.feed(token) if run.stream else ""
+        if run.stream and run.stream.stopped:
+            return self._end(request, STOP, text=piece)
+        if run.sampled == run.max_tokens:
+            return self._end(request, LENGTH, text=piece)
+        self._emit(request, Event(piece, tuple(run.pending)))
+        run.pending = []
+
+    def _end(self, request: Request, reason: str, error: str = "", text: str = "") -> None:
+        """The request's last event; its row (or its place in the queue) is free at once."""
+        if request.done:
+            return
+        request.done = True
+        run = self._running.pop(request.row, None) if request.row is not None else None
+        if run is not None:
+            self.runner.reset(request.row)
+            heapq.heappush(self._free, request.row)
+            if run.stream and not run.stream.stopped and reason != CANCELLED:
+                text += run.stream.finish()
+        else:
+            with self._cond:
+                if request in self._waiting:
+                    self._waiting.remove(request)
+        self.metrics.finished(reason, run.fed if run else 0)
+        self._emit(request, Event(text, tuple(run.pending) if run else (), reason, len(request.prompt_ids),
+                                  run.sampled if run else 0, error))
+
+    def _end_all(self, error: str) -> None:
+        with self._cond:
+            waiting, self._waiting = list(self._waiting), deque()
+        for request in [run.request for run in self._running.values()] + waiting:
+            self._end(request, CANCELLED, error)
+
+    def _emit(self, request: Request, event: Event) -> None:
+        try:
+            request._on_event(event)
+        except Exception:  # a consumer that cannot take events any more (its event loop closed)
+            log.exception("a request's event callback failed; cancelling it")
+            if not request.done:
+                self._cancel(request)

@@ -1,0 +1,180 @@
+"""Matrices in llama.cpp's blocks (q8_0, q4_0, q4_1) on the torch backend's CPU path.
+
+Tolerances (absolute, on logits), each against the same step computed another way:
+- Against the same blocks' dequantised values in f32 (the NumPy interpreter on the same program and
+  weights, or the same file run with ``quantize="none"``): only the summation order differs, so f32's
+  budget, 1e-4 x max|logit| (measured ~2e-6 on SmolLM2).
+- Against transformers given the values the blocks stand for: the same, 1e-4 x max|logit|.
+- Against transformers on the unquantised checkpoint, q8_0 only: the quantisation error itself, a
+  weight off by at most max|block| / 254. On the tiny models' random weights the logits moved by up to
+  3.7% of max|logit| (measured), the greedy token agreeing at 92% of positions; allowed 5% and 75%.
+  (4-bit moved them by 27-58% there: random matrices of two blocks a row are 4 bits' worst case, so
+  4-bit is checked against its own values only.)
+- Against llama.cpp on the same GGUF file: llama.cpp rounds the activations to 8 bits before each
+  quantised product (tests/gguf/test_llamacpp.py), so near-ties can flip: along llama.cpp's own greedy
+  path, the same next token at >= 90% of positions.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from checkpoints import Case, build_checkpoint
+from linnet.backends import CacheShape, create_runner
+from linnet.backends.reference.interpreter import run_step
+from linnet.backends.torch.runner import torch_program
+from linnet.default_model import DEFAULT_MODEL
+from linnet.errors import LinnetError
+from linnet.gguf.export import export_gguf
+from linnet.model import open_model
+from linnet.quantize import dequantized, quantized
+from linnet.rope import rope_tables
+from linnet.weight_plan import WeightPlan, plan_weights
+
+transformers = pytest.importorskip("transformers")
+
+# Whole 32-blocks: hidden 64, intermediate 128 (the shared tiny cases' 48 and 104 are not).
+BLOCKS = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+CASES = {
+    "llama-untied": Case("llama-untied", "LlamaForCausalLM", dict(BLOCKS, tie_word_embeddings=False)),
+    "qwen2-tied": Case("qwen2-tied", "Qwen2ForCausalLM", dict(BLOCKS, tie_word_embeddings=True)),
+}
+PROMPT = [1, 17, 250, 3, 99, 42, 7, 300, 12, 5, 77, 31]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    built = {}
+
+    def get(case: str):
+        if case not in built:
+            built[case] = build_checkpoint(CASES[case], tmp_path_factory.mktemp(case))
+        return built[case]
+
+    return get
+
+
+def reference_step(weights, program, ids: list[int]) -> np.ndarray:
+    """The program on its planned weights (blocks included), interpreted in NumPy: logits [T, vocab]."""
+    spec = weights.spec
+    arrays = plan_weights(weights, WeightPlan(program.weight_dtype, program.fused, program.folded, program.quantized))
+    cos, sin = rope_tables(spec, 64)
+    cache = [np.zeros((1, spec.num_kv_heads, 64, spec.head_dim), np.float32) for _ in range(spec.num_layers)]
+    inputs = {"tokens": np.array([ids]), "positions": np.arange(len(ids))[None], "rows": np.array([0]),
+              "select": np.arange(len(ids))[None], "rope_cos": cos, "rope_sin": sin}
+    return run_step(program, arrays, inputs, (cache, [c.copy() for c in cache]))[0][0]
+
+
+@pytest.mark.parametrize("form", ["q8_0", "q4_0", "q4_1"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_blocks_against_their_dequantised_values(case, form, checkpoint):
+    model = open_model(str(checkpoint(case)))
+    runner = create_runner("torch:eager", model.weights, CacheShape(1, 64), quantize=form)
+    assert runner.describe()["blocks"] == form
+    ours = runner.prefill(0, PROMPT, all_logits=True)
+    # the Program's definition (the NumPy interpreter) on the same blocks
+    own = reference_step(model.weights, torch_program(model.spec, quantize=form), PROMPT)
+    assert np.abs(ours - own).max() <= 1e-4 * np.abs(own).max()
+    # transformers on the values the blocks stand for (blocks are row-local: quantising q, k and v apart
+    # gives the rows of quantising their fused matrix)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoint(case), dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.ndim == 2:
+                p.copy_(torch.from_numpy(dequantized(quantized(p.numpy(), form), form)))
+        theirs = hf(torch.tensor([PROMPT])).logits[0].numpy()
+    assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_q8_0_stays_near_the_unquantised_model(case, checkpoint):
+    model = open_model(str(checkpoint(case)))
+    ours = create_runner("torch:eager", model.weights, CacheShape(1, 64), quantize="q8_0").prefill(
+        0, PROMPT, all_logits=True)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoint(case), dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = hf(torch.tensor([PROMPT])).logits[0].numpy()
+    assert np.abs(ours - theirs).max() <= 0.05 * np.abs(theirs).max()
+    assert (ours.argmax(-1) == theirs.argmax(-1)).mean() >= 0.75
+
+
+def test_a_q8_0_gguf_file_runs_in_its_own_blocks(checkpoint, tmp_path):
+    """Its llama q and k rows are stored permuted for llama.cpp's rotary: the blocks are put back too."""
+    hf = open_model(str(checkpoint("llama-untied")))
+    model = open_model(str(export_gguf(hf, tmp_path / "m.gguf", "q8_0")))
+    blocks = create_runner("torch:eager", model.weights, CacheShape(1, 64), quantize="gguf")
+    floats = create_runner("torch:eager", model.weights, CacheShape(1, 64), quantize="none")
+    assert blocks.describe()["blocks"] == "q8_0" and "blocks" not in floats.describe()
+    ours, own = (r.prefill(0, PROMPT, all_logits=True) for r in (blocks, floats))
+    assert np.abs(ours - own).max() <= 1e-4 * np.abs(own).max()
+
+
+@pytest.mark.parametrize("bad", ["q5_k", "q4_k", "int4"])
+def test_a_block_form_the_cpu_path_cannot_run_is_named(bad, checkpoint):
+    weights = open_model(str(checkpoint("qwen2-tied"))).weights
+    with pytest.raises(LinnetError, match=bad):
+        create_runner("torch:eager", weights, CacheShape(1, 16), quantize=bad)
+
+
+def test_a_matrix_of_partial_blocks_is_named(checkpoint_dir):
+    weights = open_model(str(checkpoint_dir("qwen2-tied"))).weights  # hidden 48: not whole 32-blocks
+    with pytest.raises(LinnetError, match="whole 32-blocks"):
+        create_runner("torch:eager", weights, CacheShape(1, 16), quantize="q8_0")
+
+
+# -- the default model, SmolLM2's Q4_1 file (its embedding and tied head in Q8_0) ----------------------
+
+@pytest.fixture(scope="module")
+def smollm2():
+    model = open_model(DEFAULT_MODEL)
+    prompt = model.tokenizer.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
+    return model, prompt
+
+
+def test_the_default_model_runs_in_its_own_blocks(smollm2):
+    model, prompt = smollm2
+    blocks = create_runner("torch:eager", model.weights, CacheShape(1, 128), quantize="gguf")
+    assert blocks.describe()["blocks"] == "q4_1, q8_0"
+    assert "blocks" not in create_runner("torch:eager", model.weights, CacheShape(1, 8)).describe()  # the default
+    assert model.weights._floats is None  # the file was never widened to f32
+    floats = create_runner("torch:eager", model.weights, CacheShape(1, 128), quantize="none")
+    ours, own = (r.prefill(0, prompt, all_logits=True) for r in (blocks, floats))
+    assert np.abs(ours - own).max() <= 1e-4 * np.abs(own).max()
+
+
+@pytest.mark.llamacpp
+def test_the_default_model_in_its_blocks_agrees_with_llama_cpp(smollm2):
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    model, prompt = smollm2
+    llm = llama_cpp.Llama(str(model.path), n_ctx=256, n_threads=2, logits_all=True, verbose=False)
+    llm.eval(prompt)
+    path = list(prompt)
+    for _ in range(24):
+        path.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval([path[-1]])
+    theirs = np.array(llm.scores[: len(path) - 1])
+    runner = create_runner("torch:eager", model.weights, CacheShape(1, 128), quantize="gguf")
+    ours = runner.prefill(0, path[:-1], all_logits=True)
+    assert (ours.argmax(-1) == theirs.argmax(-1)).mean() >= 0.9
+
+
+@pytest.mark.slow
+def test_the_compiled_decode_step_in_blocks_matches_eager(smollm2):
+    model, prompt = smollm2
+    compiled = create_runner("torch:inductor", model.weights, CacheShape(1, 64), quantize="gguf")
+    eager = create_runner("torch:eager", model.weights, CacheShape(1, 64), quantize="gguf")
+    assert compiled.describe()["blocks"] == eager.describe()["blocks"] == "q4_1, q8_0"
+    steps = []
+    for runner in (compiled, eager):
+        token = int(runner.prefill(0, prompt[:8]).argmax())
+        steps.append(runner.decode([token])[0])
+    assert np.abs(steps[0] - steps[1]).max() <= 1e-4 * np.abs(steps[1]).max()
+
+
+def test_the_program_records_each_matrix_in_blocks(checkpoint):
+    program = torch_program(open_model(str(checkpoint("qwen2-tied"))).spec, quantize="q4_1")
+    text = str(program)
+    assert "qkv: q4_1[128, 64]" in text and "embed: q4_1[331, 64]" in text and "norm: f32[64]" in text
+    assert "layer: qkv in q4_1 blocks" in text
+    assert {op.kind for op in program.layer.ops} >= {"norm_linear"} and not program.folded  # values kept as stored

@@ -1,0 +1,135 @@
+"""The serving engine on every registered backend: concurrent requests of different lengths give the
+tokens each gives alone, rows are reused and freed on cancel, the queue refuses past its bound."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from linnet.backends import CacheShape, create_runner
+from linnet.backends.registry import backends, get_backend
+from linnet.generation import Sampling, generate
+from linnet.model import open_model
+from linnet.serve import CANCELLED, LENGTH, STOP, Engine, Params, QueueFull, RequestError
+
+CASE = "qwen3-gqa3"
+ROWS, POSITIONS = 3, 64
+QUICK = ("reference:numpy", "torch:eager")
+
+
+def backend_param(backend_id: str):
+    marks = [] if backend_id in QUICK else [pytest.mark.slow]  # compiled modes compile for minutes
+    return pytest.param(backend_id, marks=marks, id=backend_id)
+
+
+ALL_BACKENDS = [backend_param(b.id) for b in backends()]
+
+
+def make_runner(checkpoint_dir, backend: str, rows: int = ROWS, positions: int = POSITIONS):
+    reason = get_backend(backend).unavailable()
+    if reason:
+        pytest.skip(f"{backend}: {reason}")
+    model = open_model(str(checkpoint_dir(CASE)))
+    return create_runner(backend, model.weights, CacheShape(rows, positions)), model.tokenizer
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return np.random.RandomState(seed).randint(5, 331, size=n).tolist()
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_concurrent_requests_give_the_tokens_each_gives_alone(checkpoint_dir, backend):
+    runner, tokenizer = make_runner(checkpoint_dir, backend)
+    # (prompt length, seed, new tokens): more requests than rows, one prompt long enough to be chunked
+    specs = [(5, 1, 9), (30, 2, 6), (3, 3, 12), (11, 4, 4), (7, 5, 8), (2, 6, 5), (17, 7, 10)]
+    alone = [generate(runner, prompt(n, s), new, eos_ids=[]).token_ids for n, s, new in specs]
+
+    engine = Engine(runner, tokenizer, prefill_tokens=8)  # the 30-token prompt takes four steps
+    requests = [engine.submit(prompt(n, s), Params(max_tokens=new, ignore_eos=True)) for n, s, new in specs]
+    engine.start()
+    try:
+        results = [r.result() for r in requests]
+    finally:
+        engine.stop()
+    assert [r.token_ids for r in results] == alone
+    assert all(r.finish_reason == LENGTH and r.completion_tokens == len(r.token_ids) for r in results)
+    rows = [r.row for r in requests]
+    assert set(rows) <= set(range(ROWS)) and len(rows) > ROWS  # seven requests took turns in three rows
+    assert engine.rows_busy == 0 and engine.queue_length == 0
+
+
+def test_a_cancelled_request_frees_its_row_at_once(checkpoint_dir):
+    runner, tokenizer = make_runner(checkpoint_dir, "torch:eager", rows=1)
+    engine = Engine(runner, tokenizer).start()
+    try:
+        long = engine.submit(prompt(4, 1), Params(max_tokens=None, ignore_eos=True))
+        events = long.events()
+        first = next(events)
+        assert first.finish_reason is None and engine.rows_busy == 1
+        long.cancel()
+        last = list(events)[-1]
+        assert last.finish_reason == CANCELLED and last.completion_tokens < POSITIONS - 4
+        assert engine.rows_busy == 0 and runner.lengths == [0]
+        after = engine.submit(prompt(6, 2), Params(max_tokens=5, ignore_eos=True)).result()
+        assert after.token_ids == generate(runner, prompt(6, 2), 5, eos_ids=[]).token_ids
+        waiting = engine.submit(prompt(3, 3), Params(max_tokens=None, ignore_eos=True))
+        queued = engine.submit(prompt(3, 4), Params(max_tokens=3))
+        queued.cancel()  # while it waits for the row
+        assert queued.result().finish_reason == CANCELLED
+        waiting.cancel()
+        assert waiting.result().finish_reason == CANCELLED
+    finally:
+        engine.stop()
+    assert engine.rows_busy == 0 and engine.queue_length == 0
+
+
+def test_the_queue_refuses_cleanly_when_full(checkpoint_dir):
+    runner, tokenizer = make_runner(checkpoint_dir, "torch:eager", rows=2)
+    engine = Engine(runner, tokenizer, max_queue=3)  # not started: nothing leaves the queue yet
+    accepted = [engine.submit(prompt(4, i), Params(max_tokens=3)) for i in range(2 + 3)]  # rows + queue
+    with pytest.raises(QueueFull, match="all 2 rows are busy and 5 requests wait"):
+        engine.submit(prompt(4, 9), Params(max_tokens=3))
+    assert engine.metrics.refused == 1
+    engine.start()
+    try:
+        assert all(r.result().completion_tokens >= 1 for r in accepted)
+        assert engine.submit(prompt(4, 9), Params(max_tokens=3)).result().finish_reason in (STOP, LENGTH)
+    finally:
+        engine.stop()
+
+
+def test_requests_that_cannot_run_are_refused_at_submit(checkpoint_dir):
+    runner, tokenizer = make_runner(checkpoint_dir, "reference:numpy")
+    engine = Engine(runner, tokenizer)
+    cases = [([], Params(), "prompt", "empty"),
+             ([5, 331], Params(), "prompt", "0..330"),
+             (prompt(65, 1), Params(), "prompt", "more than a cache row's 64"),
+             (prompt(4, 1), Params(max_tokens=0), "max_tokens", "at least 1"),
+             (prompt(4, 1), Params(max_tokens=62), "max_tokens", "at most 61 new tokens")]
+    for ids, params, param, message in cases:
+        with pytest.raises(RequestError, match=message) as error:
+            engine.submit(ids, params)
+        assert error.value.param == param
+    assert engine.queue_length == 0
+
+
+def test_stop_ids_stop_strings_and_seeded_sampling(checkpoint_dir):
+    runner, tokenizer = make_runner(checkpoint_dir, "torch:eager")
+    ids = prompt(6, 11)
+    free = generate(runner, ids, 20, eos_ids=[], tokenizer=tokenizer)
+    sampling = Sampling(temperature=1.0, top_p=0.9, top_k=50, seed=5)
+    sampled = generate(runner, ids, 12, sampling, eos_ids=[]).token_ids
+    engine = Engine(runner, tokenizer).start()
+    try:
+        by_id = engine.submit(ids, Params(max_tokens=20, ignore_eos=True, stop_ids=(free.token_ids[3],))).result()
+        cut = free.token_ids.index(free.token_ids[3])
+        assert by_id.token_ids == free.token_ids[:cut] and by_id.finish_reason == STOP
+        assert by_id.completion_tokens == cut + 1  # the stop id was sampled, though not returned
+
+        stop = free.text[len(free.text) // 2:][:3]
+        by_text = engine.submit(ids, Params(max_tokens=20, ignore_eos=True, stop=(stop,))).result()
+        assert by_text.text == free.text[:free.text.index(stop)] and by_text.finish_reason == STOP
+
+        seeded = engine.submit(ids, Params(max_tokens=12, sampling=sampling, ignore_eos=True)).result()
+        assert seeded.token_ids == sampled
+    finally:
+        engine.stop()
