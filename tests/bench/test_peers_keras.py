@@ -50,6 +50,22 @@ def test_keras_hub_decodes_as_the_reference(case, checkpoint_dir, tmp_path: Path
 
 
 @needs_keras_hub
+def test_a_llama_it_loads_says_which_epsilon_it_normalises_with(tmp_path: Path):
+    """KerasHub 0.32's Llama converter leaves rms_norm_eps at its own 1e-6 (SmolLM2's is 1e-5): the row says so."""
+    from checkpoints import BASE, Case, build_checkpoint
+
+    config = dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rms_norm_eps=1e-5)
+    directory = build_checkpoint(Case("llama-eps", "LlamaForCausalLM", config), tmp_path / "llama")
+    job = job_for(directory, tmp_path)
+    subject = worker.open_subject("keras-hub", job)
+    subject.load()
+    g = subject.generate(job.prompt, 4, record=1)
+    assert len(g.tokens) == 4 and g.logits.shape == (1, BASE["vocab_size"])
+    assert "KerasHub's model normalises with epsilon 1e-06, the checkpoint's is 1e-05: part of its distance" \
+        in subject.notes()
+
+
+@needs_keras_hub
 @pytest.mark.parametrize("case, reason", [
     ("llama-gqa3", "KerasHub's Llama model takes head_dim = hidden_size / heads = 8; this checkpoint's is 16"),
     ("llama-mqa-tied-rope3", "KerasHub's Llama converter drops the attention biases this checkpoint has"),
