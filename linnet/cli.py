@@ -15,7 +15,7 @@ set_default_policy(os.environ)  # before torch loads OpenMP: waiting threads spi
 
 from linnet.errors import LinnetError
 
-COMMANDS = ("run", "info", "compile", "bench", "export", "models", "site")
+COMMANDS = ("run", "info", "compile", "bench", "export", "models", "site", "serve")
 
 # Each subcommand lives in linnet/commands/<name>.py, with a register(sub).
 EPILOG = """\

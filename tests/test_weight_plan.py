@@ -54,7 +54,8 @@ def test_a_plan_of_nothing_is_the_checkpoint(checkpoint_dir):
     assert all(np.array_equal(planned[name], weights[name]) for name in weights)
 
 
-def test_converted_once_per_source_and_plan(checkpoint_dir):
+def test_converted_once_per_source_and_plan(checkpoint_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("LINNET_CACHE", str(tmp_path))  # a cache of its own: other tests convert these weights too
     weights = open_model(str(checkpoint_dir("llama-gqa3"))).weights
     files = lambda: set(cache_root().glob("*.safetensors"))  # noqa: E731
     before = files()

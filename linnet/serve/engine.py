@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from linnet.backends.runner import CACHE_FULL, OK, Decode, Prefill, RowResult, Runner
 from linnet.errors import LinnetError
@@ -131,7 +131,6 @@ class _Running:
     fed: int = 0  # prompt tokens written so far
     last: int | None = None  # the last token sampled, fed back in the next step
     sampled: int = 0
-    pending: list[int] = field(default_factory=list)  # tokens since the last event
 
 
 class Engine:
@@ -246,24 +245,27 @@ class Engine:
 
     # -- the engine thread ---------------------------------------------------------------------
     def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not (self._stopping or self._waiting or self._running or self._cancels):
-                    self._cond.wait()
-                if self._stopping:
-                    break
-                cancels, self._cancels = self._cancels, []
-                admitted = []
-                while self._waiting and self._free:
-                    admitted.append(self._waiting.popleft())
-            for request in cancels:
-                self._end(request, CANCELLED)
-            for request in admitted:
-                if not request.done:  # it may have been cancelled while it waited
-                    self._admit(request)
-            if self._running:
-                self._step()
+        while not self._stopping:
+            try:
+                self._iterate()
+            except Exception as e:  # the runner (or a bug) failed: end what ran, keep serving the rest
+                log.exception("an engine step failed")
+                for run in list(self._running.values()):
+                    self._end(run.request, ERROR, f"the model step failed: {e}")
         self._end_all("the engine stopped")
+
+    def _iterate(self) -> None:
+        with self._cond:
+            while not (self._stopping or self._waiting or self._running or self._cancels):
+                self._cond.wait()
+            cancels, self._cancels = self._cancels, []
+        for request in cancels:
+            self._end(request, CANCELLED)
+        with self._cond:
+            while self._waiting and self._free and not self._stopping:
+                self._admit(self._waiting.popleft())
+        if self._running and not self._stopping:
+            self._step()
 
     def _admit(self, request: Request) -> None:
         row = heapq.heappop(self._free)
@@ -290,13 +292,7 @@ class Engine:
                 decode.append(Decode(row, run.last))
             sampling[row] = run.request.params.sampling
         started = time.perf_counter()
-        try:
-            results = self.runner.step(prefill=prefill, decode=decode, sampling=sampling)
-        except Exception as e:  # the runner failed: end what ran in it, keep serving the rest
-            log.exception("runner step failed")
-            for run in list(self._running.values()):
-                self._end(run.request, ERROR, f"the model step failed: {e}")
-            return
+        results = self.runner.step(prefill=prefill, decode=decode, sampling=sampling)
         now = time.perf_counter()
         self.metrics.step(now - started, sum(r.token is not None for r in results.values()), now)
         for row, result in results.items():
@@ -316,17 +312,16 @@ class Engine:
             self.metrics.first_token(time.perf_counter() - request.submitted)
         if token in run.stops:
             return self._end(request, STOP)
-        run.pending.append(token)
         run.last = token
         piece = run.stream.feed(token) if run.stream else ""
         if run.stream and run.stream.stopped:
-            return self._end(request, STOP, text=piece)
+            return self._end(request, STOP, text=piece, tokens=(token,))
         if run.sampled == run.max_tokens:
-            return self._end(request, LENGTH, text=piece)
-        self._emit(request, Event(piece, tuple(run.pending)))
-        run.pending = []
+            return self._end(request, LENGTH, text=piece, tokens=(token,))
+        self._emit(request, Event(piece, (token,)))
 
-    def _end(self, request: Request, reason: str, error: str = "", text: str = "") -> None:
+    def _end(self, request: Request, reason: str, error: str = "", text: str = "",
+             tokens: tuple[int, ...] = ()) -> None:
         """The request's last event; its row (or its place in the queue) is free at once."""
         if request.done:
             return
@@ -342,8 +337,7 @@ class Engine:
                 if request in self._waiting:
                     self._waiting.remove(request)
         self.metrics.finished(reason, run.fed if run else 0)
-        self._emit(request, Event(text, tuple(run.pending) if run else (), reason, len(request.prompt_ids),
-                                  run.sampled if run else 0, error))
+        self._emit(request, Event(text, tokens, reason, len(request.prompt_ids), run.sampled if run else 0, error))
 
     def _end_all(self, error: str) -> None:
         with self._cond:

@@ -73,7 +73,8 @@ class Metrics:
                          self.refused),
                 "# HELP linnet_requests_total requests ended, by finish reason",
                 "# TYPE linnet_requests_total counter",
-                *(f'linnet_requests_total{{finish_reason="{reason}"}} {n}' for reason, n in sorted(self.requests.items())),
+                *(f'linnet_requests_total{{finish_reason="{reason}"}} {n}'
+                  for reason, n in sorted(self.requests.items())),
                 "# HELP linnet_time_to_first_token_seconds from a request's arrival to its first token",
                 "# TYPE linnet_time_to_first_token_seconds histogram",
                 *(f'linnet_time_to_first_token_seconds_bucket{{le="{bound:g}"}} {n}'
@@ -86,5 +87,4 @@ class Metrics:
 
 
 def _metric(name: str, kind: str, help_text: str, value: float) -> list[str]:
-    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value:g}" if isinstance(value, float)
-            else f"{name} {value}"]
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]

@@ -133,11 +133,12 @@ def smollm2():
 
 
 def test_the_default_model_runs_in_its_own_blocks(smollm2):
-    model, prompt = smollm2
+    _, prompt = smollm2
+    model = open_model(DEFAULT_MODEL)  # fresh: nothing has read its weights as floats yet
     blocks = create_runner("torch:eager", model.weights, CacheShape(1, 128), quantize="gguf")
     assert blocks.describe()["blocks"] == "q4_1, q8_0"
-    assert "blocks" not in create_runner("torch:eager", model.weights, CacheShape(1, 8)).describe()  # the default
     assert model.weights._floats is None  # the file was never widened to f32
+    assert "blocks" not in create_runner("torch:eager", model.weights, CacheShape(1, 8)).describe()  # eager's default
     floats = create_runner("torch:eager", model.weights, CacheShape(1, 128), quantize="none")
     ours, own = (r.prefill(0, prompt, all_logits=True) for r in (blocks, floats))
     assert np.abs(ours - own).max() <= 1e-4 * np.abs(own).max()
@@ -162,7 +163,7 @@ def test_the_default_model_in_its_blocks_agrees_with_llama_cpp(smollm2):
 @pytest.mark.slow
 def test_the_compiled_decode_step_in_blocks_matches_eager(smollm2):
     model, prompt = smollm2
-    compiled = create_runner("torch:inductor", model.weights, CacheShape(1, 64), quantize="gguf")
+    compiled = create_runner("torch:inductor", model.weights, CacheShape(1, 64))  # the file's blocks by default
     eager = create_runner("torch:eager", model.weights, CacheShape(1, 64), quantize="gguf")
     assert compiled.describe()["blocks"] == eager.describe()["blocks"] == "q4_1, q8_0"
     steps = []

@@ -11,17 +11,11 @@ from linnet.generation import Sampling, generate
 from linnet.model import open_model
 from linnet.serve import CANCELLED, LENGTH, STOP, Engine, Params, QueueFull, RequestError
 
-CASE = "qwen3-gqa3"
+from serve_helpers import CASE, FOX, stop_across_tokens
+
 ROWS, POSITIONS = 3, 64
-QUICK = ("reference:numpy", "torch:eager")
-
-
-def backend_param(backend_id: str):
-    marks = [] if backend_id in QUICK else [pytest.mark.slow]  # compiled modes compile for minutes
-    return pytest.param(backend_id, marks=marks, id=backend_id)
-
-
-ALL_BACKENDS = [backend_param(b.id) for b in backends()]
+SLOW = ("torch:inductor", "torch:cudagraphs")  # inductor compiles for minutes in a fresh process
+ALL_BACKENDS = [pytest.param(b.id, marks=[pytest.mark.slow] if b.id in SLOW else [], id=b.id) for b in backends()]
 
 
 def make_runner(checkpoint_dir, backend: str, rows: int = ROWS, positions: int = POSITIONS):
@@ -114,20 +108,20 @@ def test_requests_that_cannot_run_are_refused_at_submit(checkpoint_dir):
 
 def test_stop_ids_stop_strings_and_seeded_sampling(checkpoint_dir):
     runner, tokenizer = make_runner(checkpoint_dir, "torch:eager")
-    ids = prompt(6, 11)
-    free = generate(runner, ids, 20, eos_ids=[], tokenizer=tokenizer)
+    ids = tokenizer.encode(FOX)
+    free = generate(runner, ids, 20, eos_ids=[]).token_ids
     sampling = Sampling(temperature=1.0, top_p=0.9, top_k=50, seed=5)
     sampled = generate(runner, ids, 12, sampling, eos_ids=[]).token_ids
     engine = Engine(runner, tokenizer).start()
     try:
-        by_id = engine.submit(ids, Params(max_tokens=20, ignore_eos=True, stop_ids=(free.token_ids[3],))).result()
-        cut = free.token_ids.index(free.token_ids[3])
-        assert by_id.token_ids == free.token_ids[:cut] and by_id.finish_reason == STOP
+        by_id = engine.submit(ids, Params(max_tokens=20, ignore_eos=True, stop_ids=(free[3],))).result()
+        cut = free.index(free[3])
+        assert by_id.token_ids == free[:cut] and by_id.finish_reason == STOP
         assert by_id.completion_tokens == cut + 1  # the stop id was sampled, though not returned
 
-        stop = free.text[len(free.text) // 2:][:3]
+        stop, before = stop_across_tokens(tokenizer, free)
         by_text = engine.submit(ids, Params(max_tokens=20, ignore_eos=True, stop=(stop,))).result()
-        assert by_text.text == free.text[:free.text.index(stop)] and by_text.finish_reason == STOP
+        assert by_text.text == before and by_text.finish_reason == STOP
 
         seeded = engine.submit(ids, Params(max_tokens=12, sampling=sampling, ignore_eos=True)).result()
         assert seeded.token_ids == sampled

@@ -130,12 +130,12 @@ class TorchRunner(Runner):
         dtype: str = "f32",
         mode: str = "eager",
         device: str | None = None,
-        quantize: str = "none",
+        quantize: str | None = None,
     ):
-        """``quantize`` (CPU only): "none"; a block form for every matrix (``linnet.quantize.FORMS``); or
-        "gguf": the matrices a GGUF file stores as Q8_0, Q4_0 or Q4_1, in those blocks. Not the default:
-        the compiled step's dequantising loops are compute-bound and measured slower than f32's on an
-        AVX-512 EPYC, eager's dequantise whole matrices at every step (docs/QUANTIZE.md)."""
+        """``quantize``: "none"; a block form for every matrix (``linnet.quantize.FORMS``); "gguf": the
+        matrices a GGUF file stores as Q8_0, Q4_0 or Q4_1, in those blocks; None (the default): "gguf" for
+        torch:inductor on a CPU, whose decode step dequantises inside its loops, else "none" (eager would
+        dequantise whole matrices at every step). Blocks run on the CPU only (docs/QUANTIZE.md)."""
         if mode not in MODES:
             raise LinnetError(f"unknown torch mode {mode!r}; choose from {', '.join(MODES)}")
         if dtype not in TORCH_DTYPES:
@@ -148,10 +148,13 @@ class TorchRunner(Runner):
         # A CPU's one-token products are bound by the bytes they read, and most CPUs lack fast 16-bit
         # arithmetic: there a 16-bit dtype means 16-bit weights widened inside the f32 product loops.
         self.act = dtype if self.device.type == "cuda" else "f32"
+        if quantize is None:  # eager dequantises whole matrices at every step: 1.4 tok/s on SmolLM2
+            quantize = "gguf" if self.device.type == "cpu" and mode == "inductor" else "none"
         if quantize not in ("none", "gguf"):
             check_form(quantize)
         if quantize != "none" and self.device.type != "cpu":
-            raise LinnetError(f"--quantize {quantize}: weights in blocks run on the CPU only, not on {self.device.type}")
+            raise LinnetError(f"--quantize {quantize}: weights in blocks run on the CPU only, "
+                              f"not on {self.device.type}")
         program = torch_program(weights.spec, self.act, dtype, quantize, weights)
         self.quantized = sorted({form for _, _, form in program.quantized})
         self.source = generate_source(program)
@@ -159,9 +162,9 @@ class TorchRunner(Runner):
         blocks = block_names(program)
         tensors = {name: module.Blocks(blocks[name], t) if name in blocks else t.to(self.device)
                    for name, t in torch_weights(weights, program).items()}
-        # the real positions and the scratch one, bucketed: a compiled step is built for one cache length,
+        # the real positions, bucketed, and the scratch one: a compiled step is built for one cache length,
         # so nearby lengths (another --max-new-tokens) share it
-        cos, sin = rope_tables(weights.spec, -(-(cache.positions + 1) // CACHE_BUCKET) * CACHE_BUCKET)
+        cos, sin = rope_tables(weights.spec, -(-cache.positions // CACHE_BUCKET) * CACHE_BUCKET + 1)
         self.model = module.Model(tensors, torch.from_numpy(cos), torch.from_numpy(sin), cache.rows,
                                   TORCH_DTYPES[self.act])
         self.all_rows = torch.arange(cache.rows, device=self.device)
@@ -189,7 +192,8 @@ class TorchRunner(Runner):
         prefill, decode = _own_code(prefill, id(self)), _own_code(decode, id(self))
         self._prefill_fn = self._noted(torch.compile(prefill), "prompt step")
         options = decode_compile_options()  # keeps the weight-streaming loops lean; see decode_compile
-        self._decode_fn = self._noted(torch.compile(decode, dynamic=False, fullgraph=True, options=options), "decode step")
+        decode = torch.compile(decode, dynamic=False, fullgraph=True, options=options)
+        self._decode_fn = self._noted(decode, "decode step")
 
     def _noted(self, step: Callable[..., Any], what: str) -> Callable[..., Any]:
         """``step``, whose first call (where it compiles, or loads from inductor's cache) says so on stderr

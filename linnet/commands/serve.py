@@ -1,0 +1,48 @@
+"""``linnet serve``: an OpenAI-compatible HTTP server over the engine's fixed cache rows."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from linnet.commands._common import add_model_argument, add_runner_arguments, make_runner
+from linnet.errors import LinnetError
+from linnet.model import open_model
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    add_model_argument(parser)
+    add_runner_arguments(parser)
+    parser.add_argument("--rows", type=int, default=64, help="cache rows: requests generating at once")
+    parser.add_argument("--positions", type=int, default=640, help="positions per row: prompt + new tokens")
+    parser.add_argument("--max-queue", type=int, default=256, help="requests that may wait for a row")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", default=os.environ.get("LINNET_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' on /v1 (default: $LINNET_API_KEY, if set)")
+    parser.add_argument("--name", help="the model name clients send (default: MODEL as given)")
+    parser.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from linnet.serve.app import create_app
+    from linnet.serve.engine import Engine
+
+    if args.rows < 1 or args.positions < 2 or args.max_queue < 0:
+        raise LinnetError("--rows must be at least 1, --positions at least 2, --max-queue not negative")
+    model = open_model(args.model)
+    if model.tokenizer is None:
+        raise LinnetError(f"{model.path} has no tokenizer.json; linnet serve needs one")
+    if args.positions > model.spec.max_positions:
+        raise LinnetError(f"--positions {args.positions} is more than the model's {model.spec.max_positions}")
+    runner = make_runner(model, args, args.positions, rows=args.rows)
+    engine = Engine(runner, model.tokenizer, max_queue=args.max_queue)
+    engine.warm_up()
+    name = args.name or args.model
+    print(f"linnet serve: {name} on {args.backend} {args.dtype}, {args.rows} rows x {args.positions} positions, "
+          f"load {runner.load_time:.2f} s; http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    uvicorn.run(create_app(engine, name, args.api_key), host=args.host, port=args.port, log_level="warning")
+    return 0

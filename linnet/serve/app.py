@@ -1,0 +1,184 @@
+"""The OpenAI-compatible HTTP API (FastAPI) over an ``Engine``.
+
+The engine thread never waits on HTTP: each request's events go to an ``asyncio.Queue`` of the event loop
+through ``call_soon_threadsafe``. A client that goes away cancels its request, which frees its row.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from linnet.errors import LinnetError
+from linnet.serve.engine import Engine, Event, QueueFull, RequestError
+from linnet.serve.engine import Request as Submitted
+from linnet.serve.protocol import ChatBody, CompletionBody, GenerationBody, Responder, error_body, finish_reason
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.body = status, error_body(message, type_, param, code)
+
+
+def create_app(engine: Engine, model_name: str, api_key: str | None = None) -> FastAPI:
+    """The app; it starts the engine's thread when it starts serving and stops it at shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(engine.stop)
+
+    tokenizer = engine.tokenizer
+    if tokenizer is None:
+        raise LinnetError("serving needs the model's tokenizer, and this engine has none")
+    app = FastAPI(title="Linnet", lifespan=lifespan)
+
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(), api_key.encode()):
+            raise APIError(401, "a valid API key is required: send the header 'Authorization: Bearer KEY'",
+                           code="invalid_api_key")
+
+    def check_model(body: GenerationBody) -> None:
+        if body.model != model_name:
+            raise APIError(404, f"the model {body.model!r} does not exist; this server serves {model_name!r}",
+                           param="model", code="model_not_found")
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body, status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0]
+        where = [str(part) for part in first.get("loc", ()) if part != "body"]
+        if first.get("type") == "json_invalid":
+            message, param = f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}", None
+        else:
+            param = where[0] if where else None
+            message = f"{'.'.join(where) or 'body'}: {first['msg']}"
+        return JSONResponse(error_body(message, param=param), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(e.detail), code=str(e.status_code)), status_code=e.status_code)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ok = engine.alive
+        return JSONResponse({"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        text = engine.metrics.prometheus(engine.queue_length, engine.rows_busy, engine.rows)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models", dependencies=[Depends(authorize)])
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "linnet", "max_model_len": engine.runner.cache.positions}]}
+
+    @app.post("/v1/completions", dependencies=[Depends(authorize)])
+    async def completions(body: CompletionBody, request: Request) -> Any:
+        check_model(body)
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise APIError(400, "one prompt per request: this server does not batch prompts", param="prompt")
+            prompt = prompt[0]
+        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+        return await generate(body, ids, Responder(model_name, chat=False), request)
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
+    async def chat(body: ChatBody, request: Request) -> Any:
+        check_model(body)
+        try:
+            ids = tokenizer.encode_chat([m.as_template_input() for m in body.messages])
+        except LinnetError as e:
+            raise APIError(400, str(e), param="messages") from e
+        return await generate(body, ids, Responder(model_name, chat=True), request)
+
+    async def generate(body: CompletionBody | ChatBody, ids: list[int], responder: Responder, request: Request) -> Any:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        try:
+            handle = engine.submit(ids, body.request_params(),
+                                   on_event=lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+        except RequestError as e:
+            raise APIError(400, str(e), param=e.param, code=e.code) from e
+        except QueueFull as e:
+            raise APIError(429, str(e), type_="server_busy", code="queue_full") from e
+        if body.stream:
+            return StreamingResponse(stream(body, responder, events, handle), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await whole(responder, events, handle, request)
+
+    async def whole(responder: Responder, events: asyncio.Queue[Event], handle: Submitted,
+                    request: Request) -> JSONResponse:
+        async def gather() -> tuple[str, Event]:
+            text = []
+            while True:
+                event = await events.get()
+                text.append(event.text)
+                if event.finish_reason:
+                    return "".join(text), event
+
+        async def client_gone() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        answer, gone = asyncio.create_task(gather()), asyncio.create_task(client_gone())
+        await asyncio.wait([answer, gone], return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not answer.done():  # the client went away before the answer
+            answer.cancel()
+            handle.cancel()
+            return JSONResponse(error_body("the client disconnected"), status_code=499)
+        text, last = answer.result()
+        if finish_reason(last) == "error":
+            return JSONResponse(error_body(last.error or "generation failed", "server_error"), status_code=500)
+        return JSONResponse(responder.whole(text, last))
+
+    async def stream(body: GenerationBody, responder: Responder, events: asyncio.Queue[Event],
+                     handle: Submitted) -> AsyncIterator[str]:
+        include_usage = body.include_usage
+        try:
+            if responder.chat:
+                yield sse(responder.chunk(None, role=True, include_usage=include_usage))
+            while True:
+                event = await events.get()
+                if event.finish_reason and finish_reason(event) == "error":
+                    yield sse(error_body(event.error or "generation failed", "server_error"))
+                    break
+                if event.text:
+                    yield sse(responder.chunk(event.text, include_usage=include_usage))
+                if event.finish_reason:
+                    yield sse(responder.chunk(None, finish_reason(event), include_usage=include_usage))
+                    if include_usage:
+                        yield sse(responder.usage_chunk(event))
+                    break
+            yield "data: [DONE]\n\n"
+        finally:  # the client went away (the server cancels this generator), or the stream ended
+            handle.cancel()
+
+    return app
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
