@@ -15,6 +15,7 @@ Position ``p`` of a row is always written before any query reads it, so ``reset`
 from __future__ import annotations
 
 import resource
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -154,6 +155,17 @@ class Runner(ABC):
         self._check_tokens(list(rows.values()))
         return self._to_host(self._decode_rows(rows))[:, 0]
 
+    def warm_up(self) -> float:
+        """Run a prompt chunk and a decode step once on the scratch position (no row's tokens are touched),
+        so that compiling, or loading compiled code, happens now rather than in a request's first
+        token; the seconds it took."""
+        start = time.perf_counter()
+        scratch = np.full((1, 2), self.scratch_position, dtype=np.int64)
+        self._forward(np.zeros((1, 2), dtype=np.int64), scratch, np.zeros(1, dtype=np.int64),
+                      np.array([[1]], dtype=np.int64))
+        self._decode_rows({})
+        return time.perf_counter() - start
+
     def reset(self, row: int) -> None:
         self._check_row(row)
         self.lengths[row] = 0
@@ -199,7 +211,8 @@ class Runner(ABC):
         every, out = [], None
         for at in range(0, len(tokens), self.prefill_chunk):
             chunk = tokens[at:at + self.prefill_chunk]
-            positions = np.arange(start + at, start + at + len(chunk), dtype=np.int64)[None]
+            # reshaped, not [None]: a stride of 0 on the row axis would be a new shape to a compiler
+            positions = np.arange(start + at, start + at + len(chunk), dtype=np.int64).reshape(1, -1)
             select = None if all_logits else np.array([[len(chunk) - 1]], dtype=np.int64)
             out = self._forward(np.array([chunk], dtype=np.int64), positions, np.array([row], dtype=np.int64), select)
             if all_logits:

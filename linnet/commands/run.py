@@ -48,6 +48,7 @@ def handle(args: argparse.Namespace) -> int:
         prompt_ids = tokenizer.encode(args.prompt)
     positions = args.cache_positions or min(cache_positions(len(prompt_ids) + args.max_new_tokens), model.spec.max_positions)
     runner = make_runner(model, args, positions)
+    warm_up_s = runner.warm_up()  # compiling (or loading compiled code) is timed apart from the request
 
     shown: list[str] = []  # the text so far: what an interrupted run still reports
 
@@ -74,6 +75,7 @@ def handle(args: argparse.Namespace) -> int:
         "threads": runner.describe().get("threads"),
         "load_average": os.getloadavg()[0],
         "load_s": round(runner.load_time, 4),
+        "warm_up_s": round(warm_up_s, 4),
         "ttft_ms": round(result.ttft_s * 1000, 2),
         "decode_tok_s": round(result.decode_tok_s, 2),
         "new_tokens": len(result.token_ids),
@@ -86,6 +88,7 @@ def handle(args: argparse.Namespace) -> int:
         print(
             f"\n\n[{summary['new_tokens']} tokens, {summary['finish_reason']} · first token {summary['ttft_ms']:.0f} ms"
             f" · decode {summary['decode_tok_s']:.1f} tok/s · load {summary['load_s']:.2f} s"
+            f" + warm-up {summary['warm_up_s']:.2f} s"
             f" · {args.backend} {args.dtype}, {threads}load average {summary['load_average']:.2f}]",
             file=sys.stderr,
         )

@@ -159,3 +159,18 @@ def test_an_option_a_backend_does_not_take_is_named(checkpoint_dir):
     weights = open_model(str(checkpoint_dir(CASE))).weights
     with pytest.raises(LinnetError, match="reference:numpy has no option devices; it takes none"):
         create_runner("reference:numpy", weights, CacheShape(1, 16), devices=2)
+
+
+@pytest.mark.parametrize("backend", QUICK)
+def test_warming_up_touches_no_row(checkpoint_dir, backend):
+    runner = make_runner(checkpoint_dir, backend)
+    ids = prompt(9, seed=13)
+    want = generate(runner, ids, 6, eos_ids=[]).token_ids
+    runner.reset(0)
+    runner.step(prefill=[Prefill(0, ids[:5])])
+    assert runner.warm_up() >= 0
+    out = runner.step(prefill=[Prefill(0, ids[5:], start=5)])[0]
+    got = [out.token]
+    while len(got) < 6:
+        got.append(runner.step(decode=[Decode(0, got[-1])])[0].token)
+    assert got == want
