@@ -5,6 +5,7 @@ import argparse
 import os
 import sys
 
+from linnet.commands._checks import whole
 from linnet.commands._common import add_model_argument, add_runner_arguments, make_runner
 from linnet.errors import LinnetError
 from linnet.model import open_model
@@ -14,11 +15,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     add_model_argument(parser)
     add_runner_arguments(parser)
-    parser.add_argument("--rows", type=int, default=64, help="cache rows: requests generating at once")
-    parser.add_argument("--positions", type=int, default=640, help="positions per row: prompt + new tokens")
-    parser.add_argument("--max-queue", type=int, default=256, help="requests that may wait for a row")
+    parser.add_argument("--rows", type=whole(1), default=64, help="cache rows: requests generating at once")
+    parser.add_argument("--positions", type=whole(2), default=640, help="positions per row: prompt + new tokens")
+    parser.add_argument("--max-queue", type=whole(0), default=256, help="requests that may wait for a row")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=whole(1), default=8000)
     parser.add_argument("--api-key", default=os.environ.get("LINNET_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on /v1 (default: $LINNET_API_KEY, if set)")
     parser.add_argument("--name", help="the model name clients send (default: MODEL as given)")
@@ -31,8 +32,6 @@ def handle(args: argparse.Namespace) -> int:
     from linnet.serve.app import create_app
     from linnet.serve.engine import Engine
 
-    if args.rows < 1 or args.positions < 2 or args.max_queue < 0:
-        raise LinnetError("--rows must be at least 1, --positions at least 2, --max-queue not negative")
     model = open_model(args.model)
     if model.tokenizer is None:
         raise LinnetError(f"{model.path} has no tokenizer.json; linnet serve needs one")

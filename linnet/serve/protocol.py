@@ -7,7 +7,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from linnet.errors import LinnetError
 from linnet.sampling import Sampling
 from linnet.serve.engine import CANCELLED, ERROR, Event, Params, RequestError
 
@@ -51,10 +50,7 @@ class GenerationBody(Body):
                 raise RequestError(f"{name} is not supported by this server", name, "unsupported_parameter")
         if self.n != 1:
             raise RequestError("n must be 1: this server returns one choice per request", "n")
-        try:
-            sampling = Sampling(self.temperature, max(self.top_k, 0), self.top_p, self.seed)
-        except LinnetError as e:
-            raise RequestError(str(e), "temperature") from e
+        sampling = Sampling(self.temperature, max(self.top_k, 0), self.top_p, self.seed)  # fields checked above
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return Params(max_tokens, sampling, stop, tuple(self.stop_token_ids), self.ignore_eos)
 

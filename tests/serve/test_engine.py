@@ -127,3 +127,14 @@ def test_stop_ids_stop_strings_and_seeded_sampling(checkpoint_dir):
         assert seeded.token_ids == sampled
     finally:
         engine.stop()
+
+
+def test_without_max_tokens_a_request_fills_its_row(checkpoint_dir):
+    runner, tokenizer = make_runner(checkpoint_dir, "reference:numpy", rows=1)
+    engine = Engine(runner, tokenizer).start()
+    try:
+        out = engine.submit(prompt(10, 3), Params(max_tokens=None, ignore_eos=True)).result()
+    finally:
+        engine.stop()
+    assert out.finish_reason == LENGTH and out.completion_tokens == len(out.token_ids) == POSITIONS - 10 + 1
+    assert engine.metrics.generated_tokens == out.completion_tokens and engine.metrics.prompt_tokens == 10
