@@ -4,6 +4,7 @@
 #   bench  `linnet bench`, bf16, Qwen2.5-0.5B shapes, 512 prompt + 128 new: every torch mode vs transformers
 #   peer   the same against transformers compiled, apart: it compiles for minutes, and a time limit that
 #          cuts a bench off loses its whole table
+#   onnx   the ONNX Runtime CUDA and TensorRT providers (onnxruntime-gpu from .whl): conformance, then a bench
 # Each stage fits one device call of 10 minutes, and the default pair fits one of 590 s (240 + 320 s at
 # most, TEST_SECONDS and BENCH_SECONDS); on a warm machine the next call can run the next stage.
 # Runs with that machine's own python3 and packages; .whl holds what it lacks (gguf, ml_dtypes). Logs go to $OUT.
@@ -46,6 +47,14 @@ run_bench() {  # name, then the subjects
     --new-tokens 128 --warmup 1 --runs 3 "$@" -o "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log"
 }
 
+onnx_gpu() {  # the CUDA and TensorRT providers: parity in every dtype, then decode speed beside torch's
+  # needs onnxruntime-gpu in place of onnxruntime (a wheel in .whl, installed above)
+  timeout "${TEST_SECONDS:-240}" python3 -m pytest -q -p no:cacheprovider -m "slow or not slow" \
+    tests/backends/test_conformance.py tests/backends/test_step.py -k "onnx:cuda or onnx:tensorrt" \
+    > "$OUT/onnx-gpu-tests.log" 2>&1; tail -n 3 "$OUT/onnx-gpu-tests.log"
+  run_bench bench-bf16-onnx --backend onnx:cuda --backend onnx:tensorrt --backend torch:cudagraphs --peer transformers
+}
+
 stages=("$@"); [ ${#stages[@]} -gt 0 ] || stages=(tests bench)
 for stage in "${stages[@]}"; do
   case $stage in
@@ -53,6 +62,7 @@ for stage in "${stages[@]}"; do
     bench) run_bench bench-bf16 --backend torch:eager --backend torch:inductor --backend torch:cudagraphs \
              --peer transformers ;;
     peer) run_bench bench-bf16-compiled-peer --backend torch:cudagraphs --peer transformers:compiled ;;
-    *) echo "unknown stage $stage (tests, bench, peer)"; exit 2 ;;
+    onnx) onnx_gpu ;;
+    *) echo "unknown stage $stage (tests, bench, peer, onnx)"; exit 2 ;;
   esac
 done
