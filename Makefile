@@ -27,6 +27,17 @@ $(VENV)/.peers:
 	# onnxruntime-genai against the onnxruntime already installed (it asks for >= 1.31).
 	$(PIP) --no-deps keras==3.15.1 keras-hub==0.32.0 onnxruntime-genai==0.18.0
 	$(PIP) optree==0.20.0 absl-py==2.5.1 sentencepiece==0.2.3
+	# transformers serve (a serving peer) needs accelerate on the CPU
+	$(PIP) accelerate==1.15.0
+	# Triton's CPU server from nvidia-pytriton, without the numpy/protobuf downgrades its pins ask for; its
+	# Python-backend stub handles tensors only with NumPy 1, so it runs in a small venv that sees .venv's
+	# packages after its own (tritonserver finds it through PATH: tests/triton_serve)
+	$(PIP) --no-deps nvidia-pytriton==0.7.0 tritonclient==2.73.0
+	$(PIP) grpcio==1.85.3 python-rapidjson==1.25 geventhttpclient==2.6.1
+	python3 -m venv $(VENV)/triton-stub
+	$(VENV)/triton-stub/bin/python -m pip install -q --disable-pip-version-check numpy==1.26.4 ml_dtypes==0.5.4
+	echo "import site; site.addsitedir('$(abspath $(VENV))/lib/python3.11/site-packages')" \
+		> $(VENV)/triton-stub/lib/python3.11/site-packages/linnet-venv.pth
 	(command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)) \
 		|| echo "chromium could not be installed: the browser test will be skipped"
 	touch $@

@@ -15,7 +15,7 @@ set_default_policy(os.environ)  # before torch loads OpenMP: waiting threads spi
 
 from linnet.errors import LinnetError
 
-COMMANDS = ("run", "info", "compile", "bench", "export", "models", "site", "serve")
+COMMANDS = ("run", "info", "compile", "bench", "export", "models", "site", "serve", "triton", "bench-serve")
 
 # Each subcommand lives in linnet/commands/<name>.py, with a register(sub).
 EPILOG = """\
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
-        importlib.import_module(f"linnet.commands.{name}").register(sub)
+        importlib.import_module(f"linnet.commands.{name.replace('-', '_')}").register(sub)
     return parser
 
 

@@ -111,6 +111,7 @@ class Results:
     protocol: Protocol
     rows: list[Row]
     provenance: str | None = None  # where the numbers come from, if not measured by this harness
+    profile: str | None = None  # the named protocol it ran under (linnet.bench.all.PROFILES), if any
     schema_version: int = SCHEMA_VERSION
 
     def find(self, row_id: str) -> Row | None:

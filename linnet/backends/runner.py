@@ -7,9 +7,10 @@ tokens would not fit its cache, or name ids outside the vocabulary, gets that st
 proceed. ``prefill``, ``decode`` and ``generate`` are thin wrappers for one request.
 
 Backends implement the array hooks (``_forward`` and, where arrays are not NumPy's, ``_stack``,
-``_to_host``, ``_sample``, ``_new_rng``). Shapes stay fixed: every decode call runs all cache rows with
-one token each (idle rows write a scratch position past the last real one, which no real query reads),
-and prefill runs in chunks of at most ``prefill_chunk`` tokens, so compiled backends compile once.
+``_to_host``, ``_sample``, ``_new_rng``). Shapes stay few: a decode call runs the rows it advances
+padded to one of ``decode_sizes()`` (padding rows write a scratch position past the last real one,
+which no real query reads), and prefill runs in chunks of at most ``prefill_chunk`` tokens, so compiled
+backends compile a handful of shapes, once each (``warm_up`` compiles them all).
 Position ``p`` of a row is always written before any query reads it, so ``reset`` needs no clearing.
 """
 from __future__ import annotations
@@ -123,8 +124,8 @@ class Runner(ABC):
             if p.sample:
                 picks.append((p.row, out, 0))
         if ready_decode:
-            out = self._decode_rows({d.row: d.token for d in ready_decode})
-            picks += [(d.row, out, d.row) for d in ready_decode]
+            out, index = self._decode_rows({d.row: d.token for d in ready_decode})
+            picks += [(d.row, out, index[d.row]) for d in ready_decode]
         if picks:
             stacked = self._stack([(array, index) for _, array, index in picks])
             states = [self._sampler(row, sampling.get(row, GREEDY)) for row, _, _ in picks]
@@ -153,7 +154,12 @@ class Runner(ABC):
         for row, token in rows.items():
             self._check_fits(self.lengths[row] + 1)
         self._check_tokens(list(rows.values()))
-        return self._to_host(self._decode_rows(rows))[:, 0]
+        out, index = self._decode_rows(rows)
+        host = self._to_host(out)[:, 0]
+        logits = np.zeros((self.cache.rows, host.shape[-1]), dtype=np.float32)
+        for row, i in index.items():
+            logits[row] = host[i]
+        return logits
 
     def warm_up(self) -> float:
         """Run a prompt chunk and a decode step once on the scratch position (no row's tokens are touched),
@@ -163,7 +169,9 @@ class Runner(ABC):
         scratch = np.full((1, 2), self.scratch_position, dtype=np.int64)
         self._forward(np.zeros((1, 2), dtype=np.int64), scratch, np.zeros(1, dtype=np.int64),
                       np.array([[1]], dtype=np.int64))
-        self._decode_rows({})
+        for size in self.decode_sizes():
+            self._forward(np.zeros((size, 1), dtype=np.int64), np.full((size, 1), self.scratch_position, dtype=np.int64),
+                          np.arange(size, dtype=np.int64), None)
         return time.perf_counter() - start
 
     def reset(self, row: int) -> None:
@@ -219,17 +227,31 @@ class Runner(ABC):
                 every.append(self._to_host(out)[0])
         return np.concatenate(every) if all_logits else out
 
-    def _decode_rows(self, tokens_by_row: dict[int, int]) -> Any:
-        """Every cache row in one call: the given rows advance one token, the others write the scratch."""
-        rows = self.cache.rows
-        tokens = np.zeros((rows, 1), dtype=np.int64)
-        positions = np.full((rows, 1), self.scratch_position, dtype=np.int64)
-        for row, token in tokens_by_row.items():
-            tokens[row, 0], positions[row, 0] = token, self.lengths[row]
-        out = self._forward(tokens, positions, np.arange(rows, dtype=np.int64), None)
-        for row in tokens_by_row:
+    def decode_sizes(self) -> tuple[int, ...]:
+        """The batch sizes a decode step runs at; the rows it advances are padded with idle rows (writing
+        the scratch position) up to the next. Powers of 4 up to the cache's rows: a step of a few
+        requests does the work of a few rows, and a compiler builds a handful of shapes, once each."""
+        sizes, n = [], 1
+        while n < self.cache.rows:
+            sizes.append(n)
+            n *= 4
+        return (*sizes, self.cache.rows)
+
+    def _decode_rows(self, tokens_by_row: dict[int, int]) -> tuple[Any, dict[int, int]]:
+        """One call: the given rows advance one token, padding rows write the scratch. The logits
+        [size, 1, vocab], and each given row's index in them."""
+        active = sorted(tokens_by_row)
+        size = next(n for n in self.decode_sizes() if n >= len(active))
+        idle = [r for r in range(self.cache.rows) if r not in tokens_by_row]
+        rows = active + idle[:size - len(active)]
+        tokens = np.zeros((size, 1), dtype=np.int64)
+        positions = np.full((size, 1), self.scratch_position, dtype=np.int64)
+        for i, row in enumerate(active):
+            tokens[i, 0], positions[i, 0] = tokens_by_row[row], self.lengths[row]
+        out = self._forward(tokens, positions, np.array(rows, dtype=np.int64), None)
+        for row in active:
             self.lengths[row] += 1
-        return out
+        return out, {row: i for i, row in enumerate(active)}
 
     def _sampler(self, row: int, sampling: Sampling) -> tuple[Sampling, Any]:
         """The row's random stream, kept from step to step while its sampling stays the same."""

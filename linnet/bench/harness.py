@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -120,14 +122,26 @@ class Worker:
     """A subject's worker process (``linnet.bench.worker``), driven one line at a time.
 
     Each worker has a session of its own, so a Ctrl-C in the terminal reaches the parent alone, which then
-    ends its workers (``close``) instead of each printing its own traceback.
+    ends its workers (``close``) instead of each printing its own traceback. With a ``time_limit``, a worker
+    still running after that many seconds is killed with whatever it started, and reports that it was.
     """
 
-    def __init__(self, job: Path, subject: str, env: dict[str, str], load_only: bool = False):
+    def __init__(self, job: Path, subject: str, env: dict[str, str], load_only: bool = False,
+                 time_limit: float | None = None):
         flags = ["--load-only"] if load_only else []
         self.process = subprocess.Popen(worker_command(str(job), subject, *flags), stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True, env=importable_here(env),
                                         start_new_session=True)
+        self.time_limit, self.expired = time_limit, False
+        self.timer = None if time_limit is None else threading.Timer(max(time_limit, 0), self._expire)
+        if self.timer:
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _expire(self) -> None:
+        if self.process.poll() is None:
+            self.expired = True
+            os.killpg(self.process.pid, signal.SIGKILL)  # its session: the worker and anything it started
 
     def receive(self) -> dict[str, Any]:
         """The worker's next message; anything else it printed goes to stderr, not lost."""
@@ -140,6 +154,8 @@ class Worker:
                 return message
             sys.stderr.write(line)
         status = self.process.wait()
+        if self.expired:
+            return {"not_run": f"time limit of {self.time_limit:g} s"}
         return {"not_run": f"failed: the worker exited with status {status} and no report"}
 
     def ask(self, command: str) -> dict[str, Any]:
@@ -151,22 +167,30 @@ class Worker:
         return self.receive()
 
     def close(self) -> None:
-        self.process.stdin.close()
+        try:
+            self.process.stdin.close()
+        except BrokenPipeError:
+            pass  # killed at its time limit
         self.process.wait()
+        if self.timer:
+            self.timer.cancel()
 
     def kill(self) -> None:
+        if self.timer:
+            self.timer.cancel()
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
 
 
-def run_turns(job: Path, subjects: list[str], env: dict[str, str], protocol: Protocol, log: Any
-              ) -> dict[str, dict[str, Any]]:
-    """Load every subject in its worker, then run the warm-ups and runs, the subjects taking turns."""
+def run_turns(job: Path, subjects: list[str], env: dict[str, str], protocol: Protocol, log: Any,
+              time_limit: float | None = None) -> dict[str, dict[str, Any]]:
+    """Load every subject in its worker, then run the warm-ups and runs, the subjects taking turns; a worker
+    not done within ``time_limit`` seconds is stopped, and its report says so."""
     workers: dict[str, Worker] = {}
     try:
         for s in subjects:
-            workers[s] = Worker(job, s, env)
+            workers[s] = Worker(job, s, env, time_limit=time_limit)
         return _take_turns(workers, protocol, log)
     except BaseException:  # Ctrl-C or a failure: no worker is left running
         for w in workers.values():
@@ -204,8 +228,10 @@ def _take_turns(workers: dict[str, Worker], protocol: Protocol, log: Any) -> dic
     return reports
 
 
-def distance_from_reference(job: Job, subject: str, reports: dict[str, dict]) -> tuple[float, int] | None:
+def distance_from_reference(job: Job, subject: str, reports: dict[str, dict], reference: Job | None = None
+                            ) -> tuple[float, int] | None:
     """Largest |logit difference| from the reference, and over how many steps, or None without one.
+    ``reference``: the job the reference ran in, when not ``job`` (another dtype's, say).
 
     Step 0 is the prompt's last position; step i follows the first i generated tokens, so once the two
     chose different tokens, later steps have different inputs and are not compared.
@@ -213,7 +239,7 @@ def distance_from_reference(job: Job, subject: str, reports: dict[str, dict]) ->
     ref = reports.get(REFERENCE)
     if ref is None or "not_run" in ref:
         return None
-    mine, theirs = np.load(job.logits_path(subject)), np.load(job.logits_path(REFERENCE))
+    mine, theirs = np.load(job.logits_path(subject)), np.load((reference or job).logits_path(REFERENCE))
     a, b = reports[subject]["tokens"], ref["tokens"]
     same = 0
     while same < min(len(a), len(b)) and a[same] == b[same]:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from linnet import openmp
 from linnet.backends.registry import benched_ids
+from linnet.bench.all import PROFILES, TIME_LIMIT_S, AllSettings, run_all
 from linnet.bench.harness import OMP_WAIT_POLICIES, Settings, run_bench
 from linnet.bench.protocol import PEERS
 from linnet.bench.table import format_results
 from linnet.commands._checks import add_force_argument, whole
 from linnet.commands._common import add_model_argument
+from linnet.errors import LinnetError
 from linnet.files import check_output
 from linnet.registry.schema import Protocol
 from linnet.results import save_results
@@ -37,7 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "inherit leaves the environment alone)")
     parser.add_argument("--sequential", action="store_true",
                         help="run each subject's generations together, not taking turns with the others")
-    parser.add_argument("-o", "--output", help="write the results JSON here")
+    parser.add_argument("-o", "--output", help="write the results JSON here (with --all: into this directory)")
+    parser.add_argument("--all", action="store_true",
+                        help="every row this machine can run, one subject at a time, into -o DIR (docs/BENCH.md)")
+    parser.add_argument("--profile", choices=tuple(PROFILES), default="seed",
+                        help="with --all: the protocol (default: seed, 512 + 128 tokens, 3 warm-ups, 10 runs)")
+    parser.add_argument("--resume", action="store_true", help="with --all: run only the rows the results file lacks")
+    parser.add_argument("--time-limit", type=whole(1), default=TIME_LIMIT_S,
+                        help=f"with --all: seconds each row may take (default: {TIME_LIMIT_S})")
     add_force_argument(parser)
     parser.set_defaults(func=handle)
 
@@ -48,6 +58,8 @@ def subjects(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def handle(args: argparse.Namespace) -> int:
+    if args.all:
+        return handle_all(args)
     if args.output:  # before the minutes of measuring, not after
         check_output(args.output, args.force)
     protocol = Protocol(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, batch=1,
@@ -63,3 +75,14 @@ def handle(args: argparse.Namespace) -> int:
     if failed:
         print(f"linnet bench: {', '.join(failed)} failed (see the errors above)", file=sys.stderr)
     return 1 if failed else 0
+
+
+def handle_all(args: argparse.Namespace) -> int:
+    if not args.output:
+        raise LinnetError("--all writes a results file into a directory: give it with -o DIR")
+    settings = AllSettings(args.model, Path(args.output), args.profile, args.dtype, args.threads, args.time_limit,
+                           args.resume, args.force)
+    results, path = run_all(settings)
+    print(format_results(results))
+    print(f"\nwrote {path}")
+    return 0

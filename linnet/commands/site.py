@@ -11,13 +11,24 @@ from linnet.site.render import bundled_results, render_site
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("site", help="render the registry and results files as static HTML pages")
     parser.add_argument("results", nargs="*", type=Path,
-                        help="results files (default: the published results that ship with Linnet)")
+                        help="results files, or directories of them (*.json), shown beside the published "
+                             "results that ship with Linnet")
+    parser.add_argument("--without-published", action="store_true",
+                        help="leave out the published results (with results files given)")
     parser.add_argument("-o", "--output", type=Path, default=Path("site"), help="where to write (default: site)")
     add_force_argument(parser)
     parser.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    pages = render_site(args.results or bundled_results(), args.output, force=args.force)
+    pages = render_site(results_files(args.results, not args.without_published), args.output, force=args.force)
     print(f"wrote {len(pages)} pages to {args.output}; open {args.output / 'index.html'}")
     return 0
+
+
+def results_files(given: list[Path], published: bool) -> list[Path]:
+    """The files named, those in the directories named, and the published ones (always without any given)."""
+    files = [f for p in given for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+    if published or not given:
+        files += bundled_results()
+    return list({f.resolve(): f for f in files}.values())  # one file named twice is one run

@@ -158,7 +158,7 @@ def test_results_for_a_model_not_in_the_registry(tmp_path: Path):
 
 
 def test_site_command_renders_the_bundled_results(tmp_path: Path, capsys):
-    args = type("Args", (), {"results": [], "output": tmp_path / "out", "force": False})()
+    args = type("Args", (), {"results": [], "output": tmp_path / "out", "force": False, "without_published": False})()
     assert site_command.handle(args) == 0
     assert {p.name for p in (tmp_path / "out").glob("*.html")} == {
         "index.html", *(f"{e.id}.html" for e in registry.entries())}

@@ -167,7 +167,6 @@ class TorchRunner(Runner):
         cos, sin = rope_tables(weights.spec, -(-cache.positions // CACHE_BUCKET) * CACHE_BUCKET + 1)
         self.model = module.Model(tensors, torch.from_numpy(cos), torch.from_numpy(sin), cache.rows,
                                   TORCH_DTYPES[self.act])
-        self.all_rows = torch.arange(cache.rows, device=self.device)
         self._prefill_fn, self._decode_fn = self.model, self.model
         if mode in ("inductor", "cudagraphs"):
             self._compile()
@@ -217,9 +216,9 @@ class TorchRunner(Runner):
     @torch.inference_mode()
     def _forward(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray | None):
         t, p = torch.from_numpy(tokens).to(self.device), torch.from_numpy(positions).to(self.device)
-        if tokens.shape == (self.cache.rows, 1) and select is None:  # a decode step: every row, one shape
-            return self._replay(t, p) if self.mode == "cudagraphs" else self._decode_fn(t, p, self.all_rows, None)
         r = torch.from_numpy(rows).to(self.device)
+        if tokens.shape[1] == 1 and select is None:  # a decode step, at one of decode_sizes()
+            return self._replay(t, p, r) if self.mode == "cudagraphs" else self._decode_fn(t, p, r, None)
         s = None if select is None else torch.from_numpy(select).to(self.device)
         if self.mode == "eager" or tokens.shape[1] == 1:  # dynamo would specialise a length of 1: eager
             return self.model(t, p, r, s)
@@ -227,21 +226,25 @@ class TorchRunner(Runner):
         torch._dynamo.mark_dynamic(p, 1)
         return self._prefill_fn(t, p, r, s)
 
-    def _replay(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def decode_sizes(self) -> tuple[int, ...]:
+        # one CUDA graph, captured for every row
+        return (self.cache.rows,) if self.mode == "cudagraphs" else super().decode_sizes()
+
+    def _replay(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Capture the compiled decode step once into a CUDA graph, then replay it with new inputs."""
         if self._graph is None:
-            self._static = (tokens.clone(), positions.clone())
+            self._static = (tokens.clone(), positions.clone(), rows.clone())
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(3):  # compile and warm up outside the capture
-                    self._decode_fn(*self._static, self.all_rows, None)
+                    self._decode_fn(*self._static, None)
             torch.cuda.current_stream().wait_stream(stream)
             self._graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self._graph):
-                self._static_out = self._decode_fn(*self._static, self.all_rows, None)
-        self._static[0].copy_(tokens)
-        self._static[1].copy_(positions)
+                self._static_out = self._decode_fn(*self._static, None)
+        for static, new in zip(self._static, (tokens, positions, rows)):
+            static.copy_(new)
         self._graph.replay()
         return self._static_out
 

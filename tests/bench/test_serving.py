@@ -1,0 +1,82 @@
+"""The serving benchmark end to end: real `linnet serve` processes on loopback, driven over HTTP by the
+bench's client, on a tiny checkpoint and a tiny profile."""
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+from linnet.bench.serving import PROFILES, ServingProfile, random_prompts, serving_results, serving_rows
+from linnet.results import load_results, save_results
+from linnet.site.render import render_site
+
+CASE = "qwen2-tied"  # max_position_embeddings 256
+TINY = ServingProfile("tiny", requests=6, prompt_min=4, prompt_max=12, new_tokens=5, concurrency=3)
+SERVER = "linnet:reference:numpy"
+
+
+def test_profiles_are_the_stated_workloads():
+    assert PROFILES["seed"].describe() == \
+        "256 requests of 128-512 prompt tokens and 128 new tokens, at most 64 in flight"
+    assert (PROFILES["cpu-prompt"].requests, PROFILES["cpu-prompt"].new_tokens, PROFILES["cpu-prompt"].concurrency) \
+        == (64, 64, 16)
+    assert (PROFILES["cpu-decode"].prompt_min, PROFILES["cpu-decode"].prompt_max) == (32, 128)
+
+
+def test_prompts_are_fixed_and_in_range():
+    prompts = random_prompts(331, TINY)
+    assert prompts == random_prompts(331, TINY)
+    assert len(prompts) == TINY.requests
+    assert all(TINY.prompt_min <= len(p) <= TINY.prompt_max and max(p) < 331 for p in prompts)
+    assert len({len(p) for p in prompts}) > 1  # lengths vary
+
+
+def test_linnet_serve_rows_validate_and_count_every_token(checkpoint_dir, tmp_path):
+    results = serving_results(str(checkpoint_dir(CASE)), "smollm2-135m-instruct", [SERVER], TINY, "f32", 1,
+                              io.StringIO())
+    save_results(results, tmp_path / "serving.json")  # validates the whole file
+    row, = load_results(tmp_path / "serving.json").rows
+    assert row.id == "serve:reference:numpy" and row.linnet and row.group == "Serving many requests"
+    assert row.not_run is None, row.not_run
+    assert f"{TINY.requests * TINY.new_tokens} tokens returned (6 x 5)" in row.notes
+    assert len(row.metrics["serve_ttft_ms"].samples) == TINY.requests
+    assert set(row.metrics) == {"serve_tok_s", "serve_ttft_ms", "load_s", "peak_mem_gib"}
+    assert 0.01 < row.value("peak_mem_gib") < 8
+    render_site([tmp_path / "serving.json"], tmp_path / "site")
+
+
+def test_a_server_that_cannot_start_is_a_not_run_row(checkpoint_dir):
+    too_long = ServingProfile("too long", requests=2, prompt_min=4, prompt_max=250, new_tokens=50, concurrency=1)
+    failed, unknown = serving_rows(str(checkpoint_dir(CASE)), [SERVER, "bogus"], too_long, "f32", 1, io.StringIO())
+    assert failed.id == "serve:reference:numpy" and not failed.metrics
+    assert failed.not_run.startswith("failed to start (exit 2)") and "--positions 300" in failed.not_run
+    assert unknown.not_run == "unknown server 'bogus' (known: linnet:BACKEND, transformers, vllm)"
+
+
+def test_peers_need_a_hugging_face_directory():
+    from linnet.default_model import DEFAULT_MODEL
+    row, = serving_rows(DEFAULT_MODEL, ["vllm"], TINY, "f32", 1, io.StringIO())
+    assert row.id == "vllm:serve" and row.not_run.startswith("needs a Hugging Face model directory")
+
+
+def test_command_writes_results(checkpoint_dir, tmp_path):
+    out = tmp_path / "r.json"
+    done = subprocess.run([sys.executable, "-m", "linnet", "bench-serve", str(checkpoint_dir(CASE)),
+                           "--model-id", "smollm2-135m-instruct", "--server", SERVER, "--server", "linnet:torch:eager",
+                           "--requests", "4", "--prompt-tokens", "4-8", "--new-tokens", "3", "--concurrency", "2",
+                           "--threads", "1", "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "linnet.serve" in done.stdout and "TTFT p99" in done.stdout
+    rows = load_results(out).rows
+    assert [r.id for r in rows] == ["serve:reference:numpy", "serve:torch:eager"]
+    assert all("12 tokens returned (4 x 3)" in r.notes for r in rows)
+
+
+@pytest.mark.slow  # transformers serve takes 15-25 s to start
+def test_transformers_serve_returns_exactly_the_new_tokens(checkpoint_dir):
+    linnet, peer = serving_rows(str(checkpoint_dir(CASE)), [SERVER, "transformers"], TINY, "f32", 1, io.StringIO())
+    assert peer.id == "transformers:serve" and peer.not_run is None, peer.not_run
+    assert "30 tokens returned (6 x 5)" in peer.notes and peer.memory_is_setting
+    assert linnet.against.row == "transformers:serve"
