@@ -33,7 +33,7 @@ from typing import Any
 
 from linnet.backends.registry import backends
 from linnet.bench import bandwidth, machine
-from linnet.bench.harness import (Worker, distance_from_reference, importable_here, make_row, run_turns,
+from linnet.bench.harness import (distance_from_reference, importable_here, make_row, prime, run_turns,
                                   worker_environment)
 from linnet.bench.protocol import PEERS, REFERENCE, Job, random_prompt
 from linnet.errors import LinnetError, ResultsError
@@ -214,13 +214,7 @@ def run_row(p: Planned, job: Path, env: dict[str, str], protocol: Protocol, time
             ) -> dict[str, Any]:
     """One subject: an untimed load (caches, exports, compiles), then its timed runs; within the limit."""
     deadline = time.monotonic() + time_limit_s
-    primer = Worker(job, p.subject, env, load_only=True, time_limit=time_limit_s)
-    try:
-        primed = primer.receive()
-    except BaseException:  # Ctrl-C: it must not outlive the bench
-        primer.kill()
-        raise
-    primer.close()
+    primed = prime(job, p.subject, env, time_limit_s)
     if "not_run" in primed:
         return primed
     return run_turns(job, [p.subject], env, protocol, log, time_limit=deadline - time.monotonic())[p.subject]

@@ -67,13 +67,7 @@ def run_bench(settings: Settings, log: Any = sys.stderr) -> Results:
             # An untimed load first, in a process of its own: the page cache then holds the checkpoint and
             # Linnet's converted weights exist, so every load time is the steady state, not the first one's.
             print(f"linnet bench: preparing {subject} ...", file=log, flush=True)
-            primer = Worker(job_path, subject, env, load_only=True)
-            try:
-                primed = primer.receive()
-            except BaseException:  # Ctrl-C: it must not outlive the bench
-                primer.kill()
-                raise
-            primer.close()
+            primed = prime(job_path, subject, env)
             if "not_run" in primed:
                 reports[subject] = primed
         ready = [s for s in order if s not in reports]
@@ -181,6 +175,19 @@ class Worker:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+def prime(job_path: Path, subject: str, env: dict[str, str], time_limit: float | None = None) -> dict[str, Any]:
+    """An untimed load of ``subject`` in a process of its own (caches filled, exports written, code
+    compiled): its reply, which says "not_run" where the subject cannot run."""
+    primer = Worker(job_path, subject, env, load_only=True, time_limit=time_limit)
+    try:
+        primed = primer.receive()
+    except BaseException:  # Ctrl-C: it must not outlive the bench
+        primer.kill()
+        raise
+    primer.close()
+    return primed
 
 
 def run_turns(job: Path, subjects: list[str], env: dict[str, str], protocol: Protocol, log: Any,

@@ -5,8 +5,6 @@ Shapes are fixed so that compilation happens once: decode always runs every cach
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import random
 import sys
 import time
@@ -18,11 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from linnet.backends import generated
 from linnet.backends.runner import CacheShape, Runner
 from linnet.backends.torch.codegen import generate_source
 from linnet.backends.torch.setup import unavailable
 from linnet.errors import BackendUnavailable, LinnetError
-from linnet.files import atomic_write
 from linnet.program import (
     Program, build_program, fold_norm_weights, fuse_norm_linears, fuse_projections, infer_types, quantize_weights,
 )
@@ -30,7 +28,6 @@ from linnet.quantize import FORMS, check_form
 from linnet.rope import rope_tables
 from linnet.sampling import Sampling
 from linnet.spec import ModelSpec
-from linnet.weight_cache import cache_root
 from linnet.weight_plan import WeightPlan, plan_weights
 from linnet.weights import Weights
 
@@ -95,18 +92,7 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
 
 
 def load_generated_module(source: str) -> ModuleType:
-    """Import generated source from a real file, so tracebacks and torch.compile see its lines."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    path = cache_root() / "generated" / f"linnet_torch_{digest}.py"
-    if not path.is_file():  # written whole or not at all: another process may be importing it
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda tmp: tmp.write_text(source))
-    if path.stem not in sys.modules:  # registered, since torch.compile re-imports globals' modules by name
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[path.stem] = module
-        spec.loader.exec_module(module)
-    return sys.modules[path.stem]
+    return generated.load_generated_module(source, "torch")
 
 
 def default_device(mode: str) -> str:

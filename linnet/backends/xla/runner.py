@@ -5,10 +5,7 @@ writing the scratch position and never selected. Tokens are drawn on the device;
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import random
-import sys
 import time
 from types import ModuleType
 from typing import Any
@@ -17,16 +14,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linnet.backends import generated
 from linnet.backends.runner import CacheShape, Runner
 from linnet.backends.xla.codegen import generate_source
 from linnet.backends.xla.layout import as_tree, stacked_weights, xla_program
 from linnet.backends.xla.sharding import Sharding
 from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
-from linnet.files import atomic_write
 from linnet.rope import rope_tables
 from linnet.sampling import Sampling
-from linnet.weight_cache import cache_root
 from linnet.weights import Weights
 
 MODES = ("jax", "stablehlo")
@@ -46,18 +42,7 @@ def create(weights: Weights, cache: CacheShape = CacheShape(), dtype: str = "f32
 
 
 def load_generated_module(source: str) -> ModuleType:
-    """Import generated source from a real file, so tracebacks and profiles show its lines."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    path = cache_root() / "generated" / f"linnet_jax_{digest}.py"
-    if not path.is_file():  # written whole or not at all: another process may be importing it
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda tmp: tmp.write_text(source))
-    if path.stem not in sys.modules:
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[path.stem] = module
-        spec.loader.exec_module(module)
-    return sys.modules[path.stem]
+    return generated.load_generated_module(source, "jax")
 
 
 class _Key:
