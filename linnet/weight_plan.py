@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,6 +17,9 @@ from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
 from linnet.weight_cache import cached_arrays, code_identity
 from linnet.weights import Weights
+
+if TYPE_CHECKING:
+    from linnet.program import Program
 
 SECTIONS = ("layer", "head")
 
@@ -32,6 +36,11 @@ class WeightPlan:
     # source tensors (``weights.blocks``, a GGUF file's) are in that form already, and which is not
     # folded, is their bytes as they are (concatenated, when fused), never dequantised and requantised.
     quantized: tuple[tuple[str, str, str], ...] = ()
+
+    @classmethod
+    def of(cls, program: Program) -> WeightPlan:
+        """The plan a program records: its weight dtype, fusions, folds and quantised matrices."""
+        return cls(program.weight_dtype, program.fused, program.folded, program.quantized)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -30,7 +30,7 @@ def onnx_program(spec: ModelSpec, dtype: str) -> Program:
 
 
 def planned_arrays(weights: Any, program: Program) -> dict[str, np.ndarray]:
-    return plan_weights(weights, WeightPlan(program.dtype, program.fused, program.folded))
+    return plan_weights(weights, WeightPlan.of(program))
 
 
 def write_weights(arrays: Mapping[str, np.ndarray], path: Path) -> dict[str, tuple[int, int]]:

@@ -27,7 +27,7 @@ class NumpyRunner(Runner):
         self.name = f"reference:{mode}"
         spec = weights.spec
         self.program = build_program(spec, dtype)  # no passes: each op as the Program defines it
-        self.weights = plan_weights(weights, WeightPlan(dtype))
+        self.weights = plan_weights(weights, WeightPlan.of(self.program))
         positions = cache.positions + 1  # and the scratch position
         shape = (cache.rows, spec.num_kv_heads, positions, spec.head_dim)
         self.cache_k = [np.zeros(shape, np.float32) for _ in range(spec.num_layers)]

@@ -71,7 +71,7 @@ def block_forms(program: Program, weights: Weights | None, quantize: str) -> dic
 def torch_weights(weights: Weights, program: Program) -> dict[str, torch.Tensor]:
     """The program's weight plan, carried out once (and cached) in NumPy, as tensors sharing its memory
     (a matrix in blocks: its uint8 block bytes)."""
-    plan = WeightPlan(program.weight_dtype, program.fused, program.folded, program.quantized)
+    plan = WeightPlan.of(program)
     arrays = plan_weights(weights, plan)
     with warnings.catch_warnings():  # the arrays map a read-only file; the model never writes its weights
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")

@@ -25,7 +25,7 @@ def xla_program(spec: ModelSpec, dtype: str = "f32", sharded: bool = False) -> P
 def stacked_weights(weights: Weights, program: Program) -> dict[str, np.ndarray]:
     """Flat names (``embed``, ``layers.qkv`` [LAYERS, ...]) in the program's layout and dtype, converted
     once and then mapped from the converted-weights cache."""
-    plan = WeightPlan(program.dtype, program.fused, program.folded)
+    plan = WeightPlan.of(program)
     layers = weights.spec.num_layers
 
     def build() -> dict[str, np.ndarray]:

@@ -57,7 +57,7 @@ class StableHloRunner(XlaRunner):
         start = time.perf_counter()
         spec = weights.spec
         self.program = xla_program(spec, dtype)
-        arrays = plan_weights(weights, WeightPlan(dtype, self.program.fused, self.program.folded))
+        arrays = plan_weights(weights, WeightPlan.of(self.program))
         self.weights = [jax.device_put(arrays[name]) for name, _ in weight_shapes(self.program)]
         shape = (cache.rows, spec.num_kv_heads, self.positions, spec.head_dim)
         zeros = np.zeros(shape, DTYPES[dtype].numpy)
