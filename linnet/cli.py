@@ -4,9 +4,12 @@ and measures it against transformers."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import signal
 import sys
+import threading
 import typing
 
 from linnet.openmp import set_default_policy
@@ -51,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     """Every failure is one line on stderr: a LinnetError or OSError exits 2, Ctrl-C exits 130, anywhere
     (the commands' imports included, which take the first second)."""
     try:
-        args = build_parser().parse_args(argv)
+        with exit_on_interrupt():
+            parser = build_parser()
+        args = parser.parse_args(argv)
         return args.func(args) or 0
     except LinnetError as e:
         return fail(str(e))
@@ -59,6 +64,20 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
     except KeyboardInterrupt:
         return interrupted()
+
+
+@contextlib.contextmanager
+def exit_on_interrupt() -> typing.Iterator[None]:
+    """Ctrl-C while the commands import exits at once: nothing is written yet, and a KeyboardInterrupt
+    raised inside a C extension's import (NumPy's) comes out as an unrelated ImportError."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: os._exit(interrupted()))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def fail(message: str) -> int:
