@@ -5,6 +5,10 @@
 #   peer   the same against transformers compiled, apart: it compiles for minutes, and a time limit that
 #          cuts a bench off loses its whole table
 #   onnx   the ONNX Runtime CUDA and TensorRT providers (onnxruntime-gpu from .whl): conformance, then a bench
+#   all    `linnet bench --all --profile gpu-small` on the Qwen2.5-0.5B shapes: every row the machine can run,
+#          two minutes each at most, into $OUT/results (a site renders it: `linnet site $OUT/results -o site`).
+#          The serving rows need a tokenizer: put the default model's tokenizer.json and tokenizer_config.json
+#          in .tokenizer/ (untracked, carried to the machine), else they are recorded as not run.
 # Each stage fits one device call of 10 minutes, and the default pair fits one of 590 s (240 + 320 s at
 # most, TEST_SECONDS and BENCH_SECONDS); on a warm machine the next call can run the next stage.
 # Runs with that machine's own python3 and packages; .whl holds what it lacks (gguf, ml_dtypes). Logs go to $OUT.
@@ -30,14 +34,9 @@ tests() {  # one process per checkpoint case (compiling is the slow part), all i
 }
 
 checkpoint() {
-  [ -f /tmp/qwen05b/config.json ] || python3 - <<'PY'
-import torch, transformers
-config = transformers.Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-    num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
-    rope_theta=1e6, max_position_embeddings=32768)
-torch.manual_seed(0)
-transformers.Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained("/tmp/qwen05b")
-PY
+  [ -f /tmp/qwen05b/config.json ] || python3 scripts/shaped_checkpoint.py qwen2.5-0.5b-instruct -o /tmp/qwen05b \
+    --dtype bf16 --no-tokenizer
+  if [ -f .tokenizer/tokenizer.json ]; then cp .tokenizer/tokenizer*.json /tmp/qwen05b/; fi
 }
 
 run_bench() {  # name, then the subjects
@@ -63,6 +62,9 @@ for stage in "${stages[@]}"; do
              --peer transformers ;;
     peer) run_bench bench-bf16-compiled-peer --backend torch:cudagraphs --peer transformers:compiled ;;
     onnx) onnx_gpu ;;
-    *) echo "unknown stage $stage (tests, bench, peer, onnx)"; exit 2 ;;
+    all) checkpoint
+         timeout "${ALL_SECONDS:-570}" python3 -m linnet bench /tmp/qwen05b --all --profile gpu-small --dtype bf16 \
+           --time-limit 120 -o "$OUT/results" 2>&1 | tail -n 40 ;;
+    *) echo "unknown stage $stage (tests, bench, peer, onnx, all)"; exit 2 ;;
   esac
 done

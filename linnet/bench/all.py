@@ -42,17 +42,19 @@ from linnet.registry.schema import Protocol, parse
 from linnet.results import Against, Machine, Metric, Results, Row, load_results, save_results
 
 # Named protocols. ``seed`` is the seed pages' own; ``cpu-small`` fits every row of a small model into
-# minutes on a few cores.
+# minutes on a few cores; ``gpu-small`` keeps the seed's lengths with fewer runs, so that a lent GPU
+# machine's ten minutes hold every row of a 0.5B model (scripts/gpu_check.sh, stage ``all``).
 PROFILES = {
     "seed": Protocol(prompt_tokens=512, new_tokens=128, batch=1, runs=10, warmups=3),
     "cpu-small": Protocol(prompt_tokens=128, new_tokens=32, batch=1, runs=3, warmups=1),
+    "gpu-small": Protocol(prompt_tokens=512, new_tokens=128, batch=1, runs=3, warmups=1),
 }
 TIME_LIMIT_S = 1800  # per row: a compiled backend's first compile on a slow CPU takes minutes, not half an hour
 VLLM_ROWS = {"vllm": "vLLM", "vllm:linnet-export": "vLLM on Linnet's export"}
 
 
 # Each bench profile's serving profile (linnet.bench.serving), where this Linnet has the serving bench.
-SERVING_PROFILES = {"seed": "seed", "cpu-small": "cpu-decode"}
+SERVING_PROFILES = {"seed": "seed", "cpu-small": "cpu-decode", "gpu-small": "seed"}
 
 
 @dataclass(frozen=True)
