@@ -100,6 +100,7 @@ class Machine:
     threads: int | None = None
     load_average: list[float] | None = None  # 1, 5 and 15 minutes, when the run started
     read_gb_s: Metric | None = None  # read bandwidth measured in the run (linnet.bench.bandwidth), GB/s
+    matmul_gflop_s: Metric | None = None  # matrix-product rate measured in the run (linnet.bench.arithmetic)
 
 
 @dataclass
@@ -131,10 +132,11 @@ def validate(results: Results, where: str = "results") -> None:
     except ValueError:
         fail("timestamp", f"{results.timestamp!r} is not an ISO 8601 date and time")
     check_protocol(results.protocol, where, "protocol", ResultsError)
-    bandwidth = results.machine.read_gb_s
-    for v in [] if bandwidth is None else [bandwidth.value, *(bandwidth.samples or [])]:
-        if not math.isfinite(v) or v <= 0:
-            fail("machine.read_gb_s", f"{v!r} is not a finite, positive number")
+    for name in ("read_gb_s", "matmul_gflop_s"):
+        rate = getattr(results.machine, name)
+        for v in [] if rate is None else [rate.value, *(rate.samples or [])]:
+            if not math.isfinite(v) or v <= 0:
+                fail(f"machine.{name}", f"{v!r} is not a finite, positive number")
     ids: dict[str, int] = {}
     names = set()
     for i, row in enumerate(results.rows):

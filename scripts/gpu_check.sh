@@ -62,9 +62,10 @@ for stage in "${stages[@]}"; do
              --peer transformers ;;
     peer) run_bench bench-bf16-compiled-peer --backend torch:cudagraphs --peer transformers:compiled ;;
     onnx) onnx_gpu ;;
-    all) checkpoint
+    all) checkpoint  # a second call resumes the first's results file
+         resume=(); if ls "$OUT"/results/*.json > /dev/null 2>&1; then resume=(--resume); fi
          timeout "${ALL_SECONDS:-570}" python3 -m linnet bench /tmp/qwen05b --all --profile gpu-small --dtype bf16 \
-           --time-limit 120 -o "$OUT/results" 2>&1 | tail -n 40 ;;
+           --time-limit 120 "${resume[@]}" -o "$OUT/results" 2>&1 | tail -n 40 ;;
     *) echo "unknown stage $stage (tests, bench, peer, onnx, all)"; exit 2 ;;
   esac
 done

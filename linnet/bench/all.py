@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from linnet.backends.registry import backends
-from linnet.bench import bandwidth, machine
+from linnet.bench import arithmetic, bandwidth, machine
 from linnet.bench.harness import (distance_from_reference, importable_here, make_row, prime, run_turns,
                                   worker_environment)
 from linnet.bench.protocol import PEERS, REFERENCE, Job, random_prompt
@@ -147,12 +147,15 @@ def run_all(settings: AllSettings, log: Any = sys.stderr) -> tuple[Results, Path
     if done is None:
         print("linnet bench --all: measuring the read bandwidth ...", file=log, flush=True)
         read_gb_s = bandwidth.measure_apart(importable_here(env), log)
+        gflop_s = arithmetic.measure_apart(importable_here(env), settings.dtype, log) if any(
+            p.serving for p in planned) else None
         done = Results(
             model=model_id(settings.model),
             timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             machine=Machine(accelerator=None, cpu=f"{machine.cpu_model()}, {machine.cores()} cores",
                             memory_gib=machine.memory_gib(), threads=threads,
-                            load_average=[round(x, 2) for x in os.getloadavg()], read_gb_s=Metric(statistics.median(read_gb_s), read_gb_s)),
+                            load_average=[round(x, 2) for x in os.getloadavg()], read_gb_s=Metric(statistics.median(read_gb_s), read_gb_s),
+                            matmul_gflop_s=gflop_s and Metric(statistics.median(gflop_s), gflop_s)),
             versions=machine.versions(), protocol=protocol, rows=[], profile=settings.profile)
     results = done
     rows = {r.id: r for r in results.rows}
@@ -164,6 +167,8 @@ def run_all(settings: AllSettings, log: Any = sys.stderr) -> tuple[Results, Path
         started = time.monotonic()
         if p.serving:
             row = serving_row(p, str(checkpoint), settings.profile, threads, settings.time_limit_s, log)
+            if results.machine.matmul_gflop_s:
+                arithmetic.add_notes([row], spec, results.machine.matmul_gflop_s.value, p.dtype)
         else:
             report = run_row(p, work / f"job-{p.dtype}.json", env, protocol, settings.time_limit_s, log)
             row = _row(p, report, jobs, work, spec, results.machine, exported)

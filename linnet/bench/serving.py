@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from linnet.bench import machine
+from linnet.bench import arithmetic, machine
+from linnet.bench.harness import importable_here, worker_environment
 from linnet.bench.serving_client import ServingError, run_load
 from linnet.bench.serving_servers import NotRunnable, Running, free_port, make_server, server_ids
 from linnet.errors import LinnetError
-from linnet.model import open_model, resolve
+from linnet.model import open_model, open_spec, resolve
 from linnet.registry.schema import Protocol, Serving
 from linnet.results import Against, Machine, Metric, Results, Row
 
@@ -159,12 +160,16 @@ def serving_results(model: str, model_id: str, servers: list[str], profile: Serv
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     load_average = [round(x, 2) for x in os.getloadavg()]
     rows = serving_rows(model, servers, profile, dtype, threads, log)
+    env = importable_here(worker_environment(threads or machine.cores(), "inherit"))
+    gflop_s = arithmetic.measure_apart(env, dtype, log)
+    arithmetic.add_notes(rows, open_spec(str(resolve(model))), statistics.median(gflop_s), dtype)
     protocol = Protocol(prompt_tokens=profile.prompt_max, new_tokens=profile.new_tokens, batch=profile.concurrency,
                         runs=1, warmups=1, serving=profile.serving())
     return Results(model=model_id, timestamp=started,
                    machine=Machine(accelerator=None, cpu=f"{machine.cpu_model()}, {machine.cores()} cores",
                                    memory_gib=machine.memory_gib(), threads=threads or machine.cores(),
-                                   load_average=load_average),
+                                   load_average=load_average,
+                                   matmul_gflop_s=Metric(statistics.median(gflop_s), gflop_s)),
                    versions=machine.versions(), protocol=protocol, rows=rows)
 
 
@@ -172,13 +177,14 @@ def format_serving(results: Results, profile: ServingProfile) -> str:
     m = results.machine
     lines = [f"{results.model} · profile {profile.name}: {profile.describe()} · {results.timestamp}",
              f"{m.cpu} · {m.memory_gib} GiB · {m.threads} threads · load average "
-             f"{' '.join(f'{x:.2f}' for x in m.load_average or [])} at the start", ""]
-    table = [("Server", "Throughput", "TTFT p50", "TTFT p99", "Load", "Peak memory", "Against (same run)")]
+             f"{' '.join(f'{x:.2f}' for x in m.load_average or [])} at the start{arithmetic.measured(m)}", ""]
+    table = [("Server", "Throughput", "Arithmetic", "TTFT p50", "TTFT p99", "Load", "Peak memory",
+              "Against (same run)")]
     for r in results.rows:
         if r.not_run:
             continue
         ttft = r.metrics["serve_ttft_ms"].samples or []
-        table.append((r.name, f"{r.value('serve_tok_s'):.1f} tok/s", f"{percentile(ttft, 50):.0f} ms",
+        table.append((r.name, f"{r.value('serve_tok_s'):.1f} tok/s", arithmetic.share(r), f"{percentile(ttft, 50):.0f} ms",
                       f"{percentile(ttft, 99):.0f} ms", f"{r.value('load_s'):.1f} s",
                       f"{r.value('peak_mem_gib'):.2f} GiB",
                       f"{r.against.ratio:.2f}x {r.against.row}" if r.against else ""))

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from linnet.bench import arithmetic
 from linnet.bench.serving import PROFILES, ServingProfile, random_prompts, serving_results, serving_rows
 from linnet.results import load_results, save_results
 from linnet.site.render import render_site
@@ -44,7 +45,9 @@ def test_linnet_serve_rows_validate_and_count_every_token(checkpoint_dir, tmp_pa
     assert len(row.metrics["serve_ttft_ms"].samples) == TINY.requests
     assert set(row.metrics) == {"serve_tok_s", "serve_ttft_ms", "load_s", "peak_mem_gib"}
     assert 0.01 < row.value("peak_mem_gib") < 8
+    assert results.machine.matmul_gflop_s.value > 0 and arithmetic.share(row).endswith("%")
     render_site([tmp_path / "serving.json"], tmp_path / "site")
+    assert "GFLOP/s, measured in the run" in (tmp_path / "site" / "smollm2-135m-instruct.html").read_text()
 
 
 def test_a_server_that_cannot_start_is_a_not_run_row(checkpoint_dir):
@@ -68,7 +71,7 @@ def test_command_writes_results(checkpoint_dir, tmp_path):
                            "--requests", "4", "--prompt-tokens", "4-8", "--new-tokens", "3", "--concurrency", "2",
                            "--threads", "1", "-o", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "linnet.serve" in done.stdout and "TTFT p99" in done.stdout
+    assert "linnet.serve" in done.stdout and "TTFT p99" in done.stdout and "Arithmetic" in done.stdout
     rows = load_results(out).rows
     assert [r.id for r in rows] == ["serve:reference:numpy", "serve:torch:eager"]
     assert all("12 tokens returned (4 x 3)" in r.notes for r in rows)
