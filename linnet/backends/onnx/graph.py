@@ -11,7 +11,18 @@ weights as initializers. Two variants of one emitter:
 - ``plain``: standard ONNX operators only (opset 18), for any ONNX consumer.
 - ``ort``: ONNX Runtime's contrib operators where they replace several plain ones:
   SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (norm and residual add in one pass,
-  accumulated in float32) and com.microsoft RotaryEmbedding.
+  accumulated in float32), com.microsoft RotaryEmbedding, and FusedMatMul, which reads a weight as
+  stored ([out, in]) from activations of any rank, so that no reshape surrounds a product. Per-head
+  values stay flat ([R, T, heads * D]) until an op needs the heads apart.
+
+Attention reads the cache in one of two ways:
+
+- ``gather``: any rows at any positions (the Program's whole step): the step's rows are gathered from
+  the cache, the new keys and values scattered into it (ScatterND), the scores masked per position.
+- ``gqa`` (``ort`` only): com.microsoft GroupQueryAttention over a one-row cache, which appends the new
+  keys and values and reads only the valid length, in one kernel. It places the new tokens at the
+  row's length, so each step's positions must be contiguous (``positions[t] = positions[0] + t``):
+  the runner sees to that.
 
 Arithmetic follows the Program: norms and attention in float32 (the mask is a ``Where`` over float32
 scores, so nothing overflows in f16), products in the run dtype. ``compute`` may be wider than the
@@ -33,13 +44,15 @@ from linnet.program import Op, Program
 
 OPSET = 18
 ONNX_TYPES = {"f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16,
-              "i64": TensorProto.INT64}
+              "i64": TensorProto.INT64, "i32": TensorProto.INT32}
+FLAT_AWARE = {"rotary", "cache_write", "attention"}  # ops that take per-head values flat (``_Emitter.flat``)
 
 
 @dataclass(frozen=True)
 class GraphOptions:
     variant: str = "plain"  # "plain" | "ort"
     compute: str | None = None  # the dtype ops run in; None: the run dtype
+    attention: str = "gather"  # "gather" | "gqa" (see the module's docstring)
 
 
 class _Emitter:
@@ -50,12 +63,18 @@ class _Emitter:
         self.act = program.dtype
         self.compute = options.compute or program.dtype
         self.contrib = options.variant == "ort"
+        self.gqa = options.attention == "gqa"
+        if self.gqa and not self.contrib:
+            raise ValueError("GroupQueryAttention is an ONNX Runtime contrib operator: it needs the ort variant")
         self.nodes: list[onnx.NodeProto] = []
         self.constants: list[onnx.TensorProto] = []
         self._names: set[str] = set()
         self._shared: dict[str, str] = {}  # per-step values every layer reuses
         self.weight_shapes: dict[str, tuple[int, ...]] = {}  # each weight's value name -> its shape
         self.lead_source = "tokens"
+        self._flat: dict[str, tuple[str, int]] = {}  # a per-head value not yet reshaped -> (its flat value, heads)
+        self._appended: dict[str, tuple[str, str]] = {}  # gqa: a cache's output -> (the cache, the flat new values)
+        self._residuals: set[str] = set()  # sums of the residual stream, in the run dtype
 
     def emit_section(self, section, env: dict[str, str], weight) -> None:
         for op in section.ops:
@@ -110,6 +129,8 @@ class _Emitter:
     # -- the Program's ops -----------------------------------------------------------------------
     def emit(self, op: Op, env: dict[str, str], weight) -> None:
         args = [weight(i[2:]) if i.startswith("w.") else env[i] for i in op.inputs]
+        if op.kind not in FLAT_AWARE:
+            args = [self.heads(a) for a in args]
         outs = getattr(self, f"op_{op.kind}")(op, *args)
         env.update(zip(op.outs, outs if isinstance(outs, list) else [outs]))
 
@@ -119,6 +140,13 @@ class _Emitter:
     def op_rms_norm(self, op: Op, x: str, w: str) -> str:
         eps = op.attrs["eps"]
         if self.contrib:  # accumulates in float32 for every input type (stash_type 1)
+            last = self.nodes[-1]
+            if last.op_type == "Add" and last.output[0] == x and x in self._residuals:  # add and norm in one pass
+                self.nodes.pop()
+                norm = self.fresh("norm")
+                self.nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [*last.input, w],
+                                                   [norm, "", "", x], name=norm, domain="com.microsoft", epsilon=eps))
+                return norm
             return self.rounded(self.node("SimplifiedLayerNormalization", [x, w], "norm", axis=-1, epsilon=eps))
         x32 = self.to_f32(x)
         mean = self.node("ReduceMean", [self.node("Mul", [x32, x32], "sq"), self.ints(-1)], "ms", keepdims=1)
@@ -130,6 +158,9 @@ class _Emitter:
         return self.rounded(self.node("Mul", [w, normed], "norm"))
 
     def op_linear(self, op: Op, x: str, w: str, b: str | None = None) -> str:
+        if self.contrib:  # [..., in] x [out, in]^T, any leading axes
+            y = self.node("FusedMatMul", [x, w], "matmul", domain="com.microsoft", transB=1)
+            return self.rounded(self.node("Add", [y, b], "biased") if b else y)
         # Gemm reads w as stored ([out, in], transB): no transposed copy of any weight, a tied head included
         flat = self.node("Reshape", [x, self.ints(-1, self._width(w, in_axis=True))], "flat")
         y = self.node("Gemm", [flat, w, *([b] if b else [])], "gemm", transB=1)
@@ -141,16 +172,17 @@ class _Emitter:
         return self.node("Split", [x, self.ints(*op.attrs["sizes"])], "part", outs=len(op.outs), axis=-1)
 
     def op_split_heads(self, op: Op, x: str) -> str:
+        if self.contrib:  # reshaped only if an op needs the heads apart (``heads``)
+            return self.flat_heads(x, op.attrs["heads"])
         return self.node("Reshape", [x, self.ints(0, 0, op.attrs["heads"], self.spec.head_dim)], "heads")
 
     def op_rotary(self, op: Op, x: str, positions: str, cos: str, sin: str) -> str:
         if self.contrib:  # com.microsoft RotaryEmbedding: [R, T, heads, D] as [R, T, heads * D]
             heads = self._heads(op)
-            flat = self.node("Reshape", [x, self.ints(0, 0, -1)], "rot_in")
             cos_half, sin_half = self._shared["cos_half"], self._shared["sin_half"]
-            y = self.node("RotaryEmbedding", [flat, positions, cos_half, sin_half], "rot", domain="com.microsoft",
-                          interleaved=0, num_heads=heads)
-            return self.rounded(self.node("Reshape", [y, self.ints(0, 0, heads, self.spec.head_dim)], "rot_heads"))
+            y = self.node("RotaryEmbedding", [self.flat(x), positions, cos_half, sin_half], "rot",
+                          domain="com.microsoft", interleaved=0, num_heads=heads)
+            return self.flat_heads(self.rounded(y), heads)
         c, s = self._rope_gathered()
         half = self.spec.head_dim // 2
         lo, hi = self.node("Split", [x, self.ints(half, half)], "half", outs=2, axis=-1)
@@ -163,14 +195,20 @@ class _Emitter:
         # named as the step's output, so that a caller binding one buffer as input and output updates it in place
         out = f"{cache}.out"
         self._names.add(out)
-        self.nodes.append(helper.make_node("ScatterND", [cache, self._scatter_index(), v], [out], name=out))
+        if self.gqa:  # GroupQueryAttention appends them (op_attention)
+            self._appended[out] = (cache, self.flat(v))
+            return out
+        self.nodes.append(helper.make_node("ScatterND", [cache, self._scatter_index(), self.heads(v)], [out], name=out))
         return out
 
     def op_attention(self, op: Op, q: str, cache_k: str, cache_v: str, rows: str, positions: str) -> str:
         spec = self.spec
         heads, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        if self.gqa:
+            return self._group_query_attention(q, cache_k, cache_v)
         group = heads // kv
         # queries grouped per key/value head: [R, KV, G * T, D]
+        q = self._flat[q][0] if q in self._flat else q  # [R, T, H * D] or [R, T, H, D]: either reshapes
         grouped = self.node("Reshape", [q, self.ints(0, 0, kv, group, d)], "q_grouped")
         grouped = self.node("Transpose", [grouped], "q_t", perm=[0, 2, 3, 1, 4])
         grouped = self.to_f32(self.node("Reshape", [grouped, self.ints(0, kv, -1, d)], "q_kv"))
@@ -191,7 +229,11 @@ class _Emitter:
         return self.rounded(self.node("Mul", [silu, up], "swiglu"))
 
     def op_add(self, op: Op, a: str, b: str) -> str:
-        return self.rounded(self.node("Add", [a, b], "sum"))
+        if self.compute != self.act:
+            return self.rounded(self.node("Add", [a, b], "sum"))
+        total = self.node("Add", [a, b], "sum")
+        self._residuals.add(total)  # a norm that reads it next may take the add in (op_rms_norm)
+        return total
 
     def op_select(self, op: Op, x: str, select: str) -> str:
         index = self.node("Unsqueeze", [select, self.ints(-1)], "sel_index")
@@ -201,6 +243,65 @@ class _Emitter:
 
     def op_cast(self, op: Op, x: str) -> str:
         return x if self.compute == op.attrs["dtype"] else self.cast(x, op.attrs["dtype"], "logits")
+
+    def _group_query_attention(self, q: str, cache_k: str, cache_v: str) -> str:
+        """com.microsoft GroupQueryAttention: appends the new keys and values to the one-row cache at its
+        length (positions[0]) in place, and attends over the valid length only."""
+        spec = self.spec
+        (past_k, k), (past_v, v) = self._appended.pop(cache_k), self._appended.pop(cache_v)
+        seqlens, total = self._gqa_lengths()
+        qkv, rotary = [self.flat(q), k, v], {}
+        packed = self._packed_rotary(*qkv)
+        if packed:  # the kernel splits q/k/v and rotates q and k itself
+            qkv, rotary = [packed, "", ""], {"do_rotary": 1, "rotary_interleaved": 0}
+        out = self.fresh("attn")
+        self.nodes.append(helper.make_node(
+            "GroupQueryAttention", [*qkv, past_k, past_v, seqlens, total,
+                                    *([self._shared["cos_half"], self._shared["sin_half"]] if packed else [])],
+            [out, cache_k, cache_v], name=out, domain="com.microsoft", num_heads=spec.num_heads,
+            kv_num_heads=spec.num_kv_heads, scale=1 / math.sqrt(spec.head_dim), **rotary))
+        return self.rounded(out)
+
+    def _packed_rotary(self, q: str, k: str, v: str) -> str | None:
+        """The fused q/k/v product, where q and k are only its parts rotated at ``positions`` and v its
+        last part (no q/k norm, nothing else reads them): the Split and both rotations are taken out."""
+        made = {out: node for node in self.nodes for out in node.output}
+        rot_q, rot_k, split = made.get(q), made.get(k), made.get(v)
+        if not (rot_q and rot_k and split and split.op_type == "Split" and self.compute == self.act
+                and all(r.op_type == "RotaryEmbedding" and r.input[1] == "positions" for r in (rot_q, rot_k))
+                and [rot_q.input[0], rot_k.input[0], v] == list(split.output)):
+            return None
+        taken = (rot_q, rot_k, split)
+        if any(i in (*rot_q.output, *rot_k.output, *split.output[:2]) for n in self.nodes if n not in taken
+               for i in n.input):
+            return None
+        self.nodes = [n for n in self.nodes if n not in taken]
+        return split.input[0]
+
+    # -- per-head values kept flat ----------------------------------------------------------------
+    def flat_heads(self, flat: str, heads: int) -> str:
+        """A name for ``flat`` [R, T, heads * D] seen as [R, T, heads, D]; no node until ``heads`` asks."""
+        name = self.fresh(f"{flat}_heads")
+        self._flat[name] = (flat, heads)
+        return name
+
+    def heads(self, x: str) -> str:
+        """``x`` as [R, T, heads, D] (the reshape emitted once, where first needed)."""
+        if x not in self._flat:
+            return x
+        flat, heads = self._flat[x]
+        return self._once(f"heads:{x}", lambda: self._reshape_to(x, flat, heads))
+
+    def flat(self, x: str) -> str:
+        """``x`` as [R, T, heads * D]."""
+        if x in self._flat:
+            return self._flat[x][0]
+        return self.node("Reshape", [x, self.ints(0, 0, -1)], "flat")
+
+    def _reshape_to(self, name: str, flat: str, heads: int) -> str:
+        self.nodes.append(helper.make_node("Reshape", [flat, self.ints(0, 0, heads, self.spec.head_dim)], [name],
+                                           name=name))
+        return name
 
     # -- per-step values, built once and shared by every layer ----------------------------------
     def _once(self, key: str, build) -> str:
@@ -226,6 +327,15 @@ class _Emitter:
             parts = [self.node("Expand", [p, shape], "index_part") for p in (rows, heads, positions)]
             return self.node("Concat", parts, "scatter_index", axis=-1)
         return self._once("scatter_index", build)
+
+    def _gqa_lengths(self) -> tuple[str, str]:
+        """GroupQueryAttention's lengths: per row its last position ([R] int32, "seqlens_k") and the
+        longest row's length (an int32 scalar)."""
+        def build() -> tuple[str, str]:
+            last = self.node("ReduceMax", ["positions", self.ints(1)], "last_pos", keepdims=0)
+            longest = self.node("Add", [self.node("ReduceMax", [last], "max_pos", keepdims=0), self._one()], "total")
+            return self.cast(last, "i32", "seqlens_k"), self.cast(longest, "i32", "total_len")
+        return self._once("gqa_lengths", build)
 
     def _visible(self, group: int) -> str:
         """[R, 1, G * T, P] bool: cache position p is visible to the query at (g, t) when p <= positions[t]."""
@@ -307,8 +417,10 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
     head_env = {**env, "x": x}
     e.lead_source = "select"
     e.emit_section(program.head, head_env, head_weights)
-    e.nodes.append(helper.make_node("Identity", [head_env["logits"]], ["logits"]))
-    e.nodes.append(helper.make_node("ArgMax", [head_env["logits"]], ["next_ids"], axis=-1, keepdims=0))
+    last = e.nodes[-1]  # the head's last node makes the logits: it names them as the graph's output (no copy)
+    assert last.output[0] == head_env["logits"]
+    last.output[0] = "logits"
+    e.nodes.append(helper.make_node("ArgMax", ["logits"], ["next_ids"], axis=-1, keepdims=0))
 
     declared = [_declared(name, ONNX_TYPES[stored], weight_shapes[plan]) for name, plan in weights.items()]
     graph = helper.make_graph(e.nodes, f"linnet_{spec.architecture}_step", inputs, outputs,

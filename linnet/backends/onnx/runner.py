@@ -5,6 +5,12 @@ a model, dtype and variant). Each layer's cache is one buffer on the provider's 
 binding as both the step's input and its output: ScatterND writes the new keys and values into it in
 place, and nothing of the cache crosses to the host. The graph's ArgMax brings back only token ids for
 greedy rows; a sampled row's logits come to the host for ``linnet.sampling``.
+
+A one-row cache on the CPU provider (generation, benchmarks) runs the graph whose attention is
+GroupQueryAttention (``graph.GraphOptions.attention``): it appends at the row's length and reads only
+the valid part of the cache. Its steps must place their tokens contiguously; one that does not (the
+warm-up's tokens at the scratch position) runs a token at a time, in order of position, which is the
+same step: a query attends to positions up to its own, which the earlier tokens have written.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from linnet.dtypes import DTYPES
 from linnet.errors import BackendUnavailable, LinnetError
 from linnet.files import atomic_write
 from linnet.sampling import Sampling, sample_host
+from linnet.spec import ModelSpec
 from linnet.weight_cache import cache_root, code_identity
 from linnet.weights import Weights
 
@@ -35,18 +42,23 @@ DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda"}
 GRAPH_FILE = "model.onnx"
 
 
-def graph_options(mode: str, dtype: str) -> GraphOptions:
+def graph_options(mode: str, dtype: str, spec: ModelSpec, cache: CacheShape) -> GraphOptions:
     """The graph a provider runs best: contrib ops for ONNX Runtime's own kernels, plain ONNX for
     TensorRT (which parses standard operators only); bfloat16 on the CPU provider, which has no
-    bfloat16 products, held in float32 and rounded to bfloat16 after every op."""
+    bfloat16 products, held in float32 and rounded to bfloat16 after every op; GroupQueryAttention
+    for a one-row cache on the CPU provider (whose kernel takes head sizes in multiples of 8)."""
     variant = "plain" if mode == "tensorrt" else "ort"
-    return GraphOptions(variant, "f32" if (mode == "cpu" and dtype == "bf16") else None)
+    gqa = mode == "cpu" and cache.rows == 1 and spec.head_dim % 8 == 0
+    return GraphOptions(variant, "f32" if (mode == "cpu" and dtype == "bf16") else None, "gqa" if gqa else "gather")
 
 
 @dataclass
 class StepOutput:
-    logits: Any  # OrtValue [R, S, vocab] f32, on the provider's device
+    logits: Any  # [R, S, vocab] f32: an OrtValue on the provider's device, or a host array
     ids: np.ndarray  # [R, S] i64: each selected token's argmax
+
+    def host_logits(self) -> np.ndarray:
+        return self.logits if isinstance(self.logits, np.ndarray) else self.logits.numpy()
 
 
 class OnnxRunner(Runner):
@@ -60,7 +72,7 @@ class OnnxRunner(Runner):
         start = time.perf_counter()
         self.name, self.mode, self.dtype = f"onnx:{mode}", mode, dtype
         self.device = DEVICES[mode]
-        self.options = graph_options(mode, dtype)
+        self.options = graph_options(mode, dtype, weights.spec, cache)
         self._kept: tempfile.TemporaryDirectory | None = None
         path = self._graph_file(weights, max(weights.spec.max_positions, cache.positions + 1))
         self.session = self._session(path)
@@ -132,6 +144,19 @@ class OnnxRunner(Runner):
     def _forward(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray | None):
         if select is None:
             select = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int64), tokens.shape)
+        if self.options.attention == "gqa" and not _contiguous(positions[0]):
+            return self._forward_each(tokens, positions, rows, select)
+        return self._run(tokens, positions, rows, select)
+
+    def _forward_each(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray):
+        """A one-row step with scattered positions, a token at a time in order of position."""
+        steps = {}
+        for t in np.argsort(positions[0], kind="stable"):
+            steps[t] = self._run(tokens[:, t:t + 1], positions[:, t:t + 1], rows, np.zeros((1, 1), np.int64))
+        logits = np.stack([steps[t].host_logits()[:, 0] for t in select[0]], axis=1)
+        return StepOutput(logits, np.stack([steps[t].ids[:, 0] for t in select[0]], axis=1))
+
+    def _run(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray) -> StepOutput:
         inputs = {"tokens": tokens, "positions": positions, "rows": rows, "select": select}
         for name, array in inputs.items():
             self.binding.bind_cpu_input(name, np.ascontiguousarray(array, dtype=np.int64))
@@ -150,14 +175,18 @@ class OnnxRunner(Runner):
 
     def _to_host(self, array: Any) -> np.ndarray:
         if isinstance(array, StepOutput):
-            return array.logits.numpy()
-        return np.stack([step.logits.numpy()[index, 0] for step, index in array])
+            return array.host_logits()
+        return np.stack([step.host_logits()[index, 0] for step, index in array])
 
     def _sample(self, picks: list[tuple[StepOutput, int]], samplers: list[tuple[Sampling, Any]]) -> list[int]:
         return [int(step.ids[index, 0]) if sampling.greedy else
-                sample_host(step.logits.numpy()[index, 0], sampling, rng)
+                sample_host(step.host_logits()[index, 0], sampling, rng)
                 for (step, index), (sampling, rng) in zip(picks, samplers)]
 
     def describe(self) -> dict:
         return {**super().describe(), "dtype": self.dtype, "provider": PROVIDERS[self.mode],
-                "graph": self.options.variant, "threads": threads() or "default"}
+                "graph": self.options.variant, "attention": self.options.attention, "threads": threads() or "default"}
+
+
+def _contiguous(positions: np.ndarray) -> bool:
+    return bool((positions == positions[0] + np.arange(len(positions))).all())

@@ -1,13 +1,15 @@
 """The ONNX backend's files and loads: `linnet compile --target onnx` writes graphs that onnx's full check
 accepts and a plain onnxruntime.InferenceSession runs to the NumPy reference's logits; a provider
 missing a kernel is named at load; GPU providers report themselves unavailable here; past 2 GB works.
-(Parity with transformers in every dtype is the conformance suite's, which runs onnx:cpu.)"""
+(Parity with transformers in every dtype is the conformance suite's, which runs onnx:cpu on two-row
+caches; the one-row caches' GroupQueryAttention graph is checked against transformers here.)"""
 from __future__ import annotations
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from checkpoints import CASE_IDS
 
 from linnet.backends import CacheShape, create_runner
 from linnet.backends.onnx import runner as onnx_runner
@@ -57,7 +59,7 @@ def test_compiled_files_pass_the_full_check_and_run_in_a_plain_session(checkpoin
 def test_a_missing_kernel_is_named_at_load(checkpoint_dir, monkeypatch):
     # A true bfloat16 graph on the CPU provider, which has no bfloat16 Gemm (the backend's own CPU graph
     # holds bfloat16 values in float32 for this reason): the load names the op and what runs instead.
-    monkeypatch.setattr(onnx_runner, "graph_options", lambda mode, dtype: GraphOptions("plain"))
+    monkeypatch.setattr(onnx_runner, "graph_options", lambda *args: GraphOptions("plain"))
     weights = open_model(str(checkpoint_dir(CASE))).weights
     with pytest.raises(LinnetError, match=r"CPUExecutionProvider has no bf16 kernel for \w+ .*--dtype f32 or f16"):
         create_runner("onnx:cpu", weights, CacheShape(1, 16), dtype="bf16")
@@ -75,7 +77,50 @@ def test_gpu_providers_say_why_they_cannot_run(backend):
 def test_a_greedy_step_brings_back_ids_from_the_graph(checkpoint_dir):
     runner = create_runner("onnx:cpu", open_model(str(checkpoint_dir(CASE))).weights, CacheShape(2, 32))
     out = runner._forward(np.array([[3, 9, 27]]), np.array([[0, 1, 2]]), np.array([0]), None)
-    assert (out.ids == out.logits.numpy().argmax(-1)).all()  # the graph's ArgMax, not the host's
+    assert (out.ids == out.host_logits().argmax(-1)).all()  # the graph's ArgMax, not the host's
+
+
+@pytest.mark.parametrize("case", ["llama-gqa3", "qwen3-gqa3"])  # q/k/v packed into the kernel; q/k norm before it
+def test_a_one_row_cache_runs_group_query_attention_to_the_general_graphs_logits(checkpoint_dir, case):
+    weights = open_model(str(checkpoint_dir(case))).weights
+    one, two = (create_runner("onnx:cpu", weights, CacheShape(rows, 32)) for rows in (1, 2))
+    assert one.describe()["attention"] == "gqa" and two.describe()["attention"] == "gather"
+    tokens = [5, 17, 101, 42, 250, 7, 9, 33, 61]
+
+    def run(runner, idle: list[int]) -> list[np.ndarray]:
+        out = [runner.prefill(0, tokens[:5], all_logits=True), runner.prefill(0, tokens[5:], start=5)]
+        out += [runner.decode([token, *idle], [True, *[False] * len(idle)])[0] for token in (3, 4)]
+        # not contiguous (and out of order): a token at a time on the gqa graph
+        step = runner._forward(np.array([[8, 9, 10]]), np.array([[14, 11, 13]]), np.array([0]), np.array([[2, 0]]))
+        return [*out, step.host_logits(), step.ids]
+
+    for got, want in zip(run(one, []), run(two, [0])):
+        assert got.shape == want.shape and np.abs(got - want).max() <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_the_one_row_graph_matches_transformers(checkpoint_dir, case, dtype):
+    # The conformance suite runs two-row caches (the gather graph); this is its check of the gqa graph,
+    # where one applies (head sizes in multiples of 8), at the suite's tolerances: a prompt in two chunks,
+    # then decode steps, against transformers' logits at every position.
+    import torch
+    import transformers
+
+    from linnet.dtypes import DTYPES
+
+    weights = open_model(str(checkpoint_dir(case))).weights
+    runner = create_runner("onnx:cpu", weights, CacheShape(1, 32), dtype=dtype)
+    ids = np.random.RandomState(2).randint(3, weights.spec.vocab_size, size=20).tolist()
+    torch_dtype = getattr(torch, DTYPES[dtype].hf)
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint_dir(case), dtype=torch_dtype)
+    with torch.no_grad():
+        want = model.eval()(torch.tensor([ids])).logits[0].float().numpy()
+    got = [*runner.prefill(0, ids[:7], all_logits=True), *runner.prefill(0, ids[7:16], start=7, all_logits=True)]
+    got += [runner.decode([token])[0] for token in ids[16:]]
+    tolerance = 1e-4 if dtype == "f32" else {"f16": 0.01, "bf16": 0.05}[dtype] * np.abs(want).max()
+    assert np.abs(np.stack(got) - want).max() <= tolerance
+    assert runner.describe()["attention"] == ("gqa" if weights.spec.head_dim % 8 == 0 else "gather")
 
 
 @pytest.mark.slow
