@@ -72,7 +72,8 @@ class BackendPackage:
     group: str
     runner: str  # Runner subclass, called as cls(weights, cache, dtype=, mode=)
     check: str  # check(mode) -> None or the reason it cannot run here
-    compile_target: str | None = None  # writer(model, out_dir, dtype) for `linnet compile --target NAME`
+    # `linnet compile --target NAME`: each target it writes, as (NAME, writer(model, out_dir, dtype))
+    compile_targets: tuple[tuple[str, str], ...] = ()
     threads: str | None = None  # set_threads(n) for its thread pool
     prepare: str | None = None  # prepare(mode): imports its load needs, done before a timed load
     options: tuple[str, ...] = ()  # runner options it takes beyond the common ones (e.g. "devices")
@@ -88,12 +89,6 @@ class BackendPackage:
     def set_threads(self, n: int) -> None:
         if self.threads:
             _load(self.threads)(n)
-
-    def write(self, model: Any, out_dir: Any, dtype: str) -> list[str]:
-        """Write this package's compiled artifact; returns the files written."""
-        if not self.compile_target:
-            raise LinnetError(f"the {self.name} backend has nothing to write for `linnet compile`")
-        return _load(self.compile_target)(model, out_dir, dtype)
 
 
 def _load(target: str) -> Callable[..., Any]:

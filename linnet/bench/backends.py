@@ -1,6 +1,7 @@
 """Linnet's own backends as bench subjects, any of the registry's, driven through the Runner contract only."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -19,6 +20,9 @@ class LinnetSubject(Subject):
         if reason:
             raise BackendUnavailable(reason)  # a row "not run" with the reason, never an estimate
         self.backend, self.job = backend, job
+        threads = os.environ.get("OMP_NUM_THREADS")  # the bench's thread count (harness.worker_environment)
+        if threads:  # for the runtimes that keep their own pools (ONNX Runtime, XLA), as `--threads` does
+            backend.package.set_threads(int(threads))
         backend.prepare()  # imports its load would otherwise pay inside the load clock: untimed, as all are
 
     def load(self) -> None:

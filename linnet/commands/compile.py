@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
 
 from linnet.backends.registry import packages
@@ -14,8 +15,13 @@ from linnet.model import open_model, open_spec
 from linnet.program import build_program
 
 
+def writers() -> dict[str, str]:
+    """Each backend target and its writer ("module:attribute"), as the packages declare them."""
+    return {name: writer for package in packages() for name, writer in package.compile_targets}
+
+
 def targets() -> list[str]:
-    return ["program", *(p.name for p in packages() if p.compile_target)]
+    return ["program", *writers()]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,13 +49,14 @@ def handle(args: argparse.Namespace) -> int:
     if not args.output:
         raise LinnetError(f"--target {args.target} writes a directory: give it with -o DIR")
     out = Path(args.output)
-    package = next(p for p in packages() if p.name == args.target)
+    module, _, attribute = writers()[args.target].partition(":")
+    writer = getattr(importlib.import_module(module), attribute)
     model = open_model(args.model)
     written: list[str] = []
 
     def write(tmp: Path) -> None:  # the whole artifact, or (interrupted, failed) nothing
         tmp.mkdir()
-        written.extend(package.write(model, tmp, args.dtype))
+        written.extend(writer(model, tmp, args.dtype))
 
     atomic_write(out, write)
     print(f"wrote {', '.join(f'{out}/{name}' for name in written)}")

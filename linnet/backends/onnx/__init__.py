@@ -9,7 +9,7 @@ PACKAGE = BackendPackage(
     group="ONNX Runtime and TensorRT",
     runner="linnet.backends.onnx.runner:OnnxRunner",
     check="linnet.backends.onnx.setup:unavailable",
-    compile_target="linnet.backends.onnx.export:write",
+    compile_targets=(("onnx", "linnet.backends.onnx.export:write"),),
     threads="linnet.backends.onnx.setup:set_threads",
     prepare="linnet.backends.onnx.setup:prepare",
 )

@@ -8,7 +8,9 @@ PACKAGE = BackendPackage(
     group="JAX",
     runner="linnet.backends.xla.runner:create",
     check="linnet.backends.xla.setup:unavailable",
-    compile_target="linnet.backends.xla.artifact:write",
+    compile_targets=(("jax", "linnet.backends.xla.artifact:write_jax"),
+                     ("stablehlo", "linnet.backends.xla.artifact:write_stablehlo")),
+    threads="linnet.backends.xla.setup:set_threads",
     prepare="linnet.backends.xla.setup:prepare",
     options=("devices",),
 )

@@ -1,5 +1,5 @@
-"""``linnet compile --target xla``: the generated JAX source with a standalone loader, and Linnet's own
-StableHLO modules with their calling convention, over one weights file."""
+"""``linnet compile --target jax``: the generated JAX source with a standalone loader; ``--target stablehlo``:
+Linnet's own StableHLO modules with their calling convention. Both over the same stacked weights file."""
 from __future__ import annotations
 
 import json
@@ -35,16 +35,17 @@ HERE = Path(__file__).parent
 
 
 def load(rows: int = 1, positions: int = {positions}):
-    """The step (jitted, caches donated), its weights as the pytree `step` takes, the rotary tables and
-    an empty KV cache."""
-    weights = {{"layers": {{}}}}
-    for name, array in load_file(HERE / "weights.safetensors").items():
-        layer_part = name.removeprefix("layers.")
-        (weights["layers"] if layer_part != name else weights)[layer_part] = jnp.asarray(array)
+    """The step (jitted, caches donated), its weights as the pytree `step` takes (a layer's weights are
+    stacked in the file: "layers.qkv" [LAYERS, ...]), the rotary tables and an empty KV cache."""
+    stored = load_file(HERE / "weights.safetensors")
+    weights = {{name: jnp.asarray(a) for name, a in stored.items() if not name.startswith("layers.")}}
+    weights["layers"] = [{{name.removeprefix("layers."): jnp.asarray(a[i])
+                          for name, a in stored.items() if name.startswith("layers.")}} for i in range(LAYERS)]
     rope = load_file(HERE / "rope.safetensors")  # float32 [positions, HEAD_DIM]
-    cache = jnp.zeros((LAYERS, rows, KV_HEADS, positions, HEAD_DIM), weights["embed"].dtype)
+    shape, dtype = (rows, KV_HEADS, positions, HEAD_DIM), weights["embed"].dtype
+    caches = [[jnp.zeros(shape, dtype) for _ in range(LAYERS)] for _ in "kv"]
     jitted = jax.jit(step, donate_argnames=("cache_k", "cache_v"))
-    return jitted, weights, (rope["cos"][:positions], rope["sin"][:positions]), cache, cache.copy()
+    return jitted, weights, (rope["cos"][:positions], rope["sin"][:positions]), *caches
 
 
 if __name__ == "__main__":
@@ -61,24 +62,35 @@ if __name__ == "__main__":
 '''
 
 
-def write(model: Any, out: Path, dtype: str) -> list[str]:
-    spec = model.spec
-    program = xla_program(spec, dtype)
-    positions = min(256, spec.max_positions)
+def write_jax(model: Any, out: Path, dtype: str) -> list[str]:
+    program = xla_program(model.spec, dtype)
     (out / "model.py").write_text(generate_source(program))
-    save_file({name: np.ascontiguousarray(a) for name, a in stacked_weights(model.weights, program).items()},
-              str(out / "weights.safetensors"))
-    cos, sin = rope_tables(spec, spec.max_positions)
-    save_file({"cos": cos, "sin": sin}, str(out / "rope.safetensors"))
-    (out / "run.py").write_text(LOADER.format(positions=positions, new=8))
-    (out / "stablehlo").mkdir()
+    (out / "run.py").write_text(LOADER.format(positions=_positions(model.spec), new=8))
+    return ["model.py", *_write_weights(model, program, out, dtype), "run.py"]
+
+
+def write_stablehlo(model: Any, out: Path, dtype: str) -> list[str]:
+    program = xla_program(model.spec, dtype)
+    positions = _positions(model.spec)
     modules = {"decode": Sizes(1, 1, 1, 1, positions), "prefill": Sizes(1, PREFILL_LENGTH, 1, 1, positions)}
     for name, sizes in modules.items():
-        (out / "stablehlo" / f"{name}.mlir").write_text(emit_module(program, sizes, name))
+        (out / f"{name}.mlir").write_text(emit_module(program, sizes, name))
     convention = calling_convention(program, modules)
-    (out / "stablehlo" / "calling_convention.json").write_text(json.dumps(convention, indent=1) + "\n")
-    return ["model.py", f"weights.safetensors ({dtype})", "rope.safetensors", "run.py",
-            *(f"stablehlo/{name}.mlir" for name in modules), "stablehlo/calling_convention.json"]
+    (out / "calling_convention.json").write_text(json.dumps(convention, indent=1) + "\n")
+    return [*(f"{name}.mlir" for name in modules), "calling_convention.json",
+            *_write_weights(model, program, out, dtype)]
+
+
+def _positions(spec: Any) -> int:
+    return min(256, spec.max_positions)
+
+
+def _write_weights(model: Any, program: Any, out: Path, dtype: str) -> list[str]:
+    save_file({name: np.ascontiguousarray(a) for name, a in stacked_weights(model.weights, program).items()},
+              str(out / "weights.safetensors"))
+    cos, sin = rope_tables(model.spec, model.spec.max_positions)
+    save_file({"cos": cos, "sin": sin}, str(out / "rope.safetensors"))
+    return [f"weights.safetensors ({dtype})", "rope.safetensors"]
 
 
 def calling_convention(program: Any, modules: dict[str, Sizes]) -> dict[str, Any]:

@@ -14,13 +14,14 @@ _PREAMBLE = '''\
 {dims}
 
 `step` is one pure function of its arguments: the weights are arguments (never constants baked into
-the compiled program), each layer's weights stacked along a first axis of LAYERS, and the decoder
-layer is applied by `jax.lax.scan` over them, so XLA compiles one layer, not LAYERS copies.
+the compiled program), each layer's its own arrays, and the layers are unrolled: a layer's matrices
+are read where they lie (sliced out of arrays stacked over the layers, inside a `jax.lax.scan`, XLA's
+CPU backend copies every matrix on every step before multiplying it).
 Linear weights keep the checkpoint's [out, in] layout.{fusions}
-The KV cache is one array each for keys and values, [LAYERS, ROWS, KV_HEADS, POSITIONS, HEAD_DIM],
-carried through the scan: a call writes its keys and values at `positions` of `rows` first, then
-attends causally over the whole row (positions a row has not written are masked out), so prefill and
-decode are one function. Jit it with the caches donated and XLA updates them in place:
+The KV cache is a list of LAYERS arrays each for keys and values, [ROWS, KV_HEADS, POSITIONS,
+HEAD_DIM]: a call writes its keys and values at `positions` of `rows` first, then attends causally
+over the whole row (positions a row has not written are masked out), so prefill and decode are one
+function. Jit it with the caches donated and XLA updates them in place:
 
     step = jax.jit(step, donate_argnames=("cache_k", "cache_v"))
 
@@ -72,20 +73,21 @@ def rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos + jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
 
 
-def cache_write(cache: jax.Array, i: jax.Array, rows: jax.Array, positions: jax.Array, value: jax.Array) -> jax.Array:
-    """value [R, T, KV_HEADS, D] written at layer i, (rows, positions)."""
-    return cache.at[i, rows[:, None], :, positions].set(value)
+def cache_write(cache: jax.Array, rows: jax.Array, positions: jax.Array, value: jax.Array) -> jax.Array:
+    """value [R, T, KV_HEADS, D] written at (rows, positions)."""
+    return cache.at[rows[:, None], :, positions].set(value)
 
 
-def attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, i: jax.Array, rows: jax.Array,
-              mask: jax.Array) -> jax.Array:
-    """q [R, T, HEADS, D] against layer i of the rows' cache, in float32; mask [R, T, POSITIONS]."""
+def attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, rows: jax.Array, mask: jax.Array) -> jax.Array:
+    """q [R, T, HEADS, D] against the rows' cache, in float32; mask [R, T, POSITIONS]."""
     r, t = q.shape[:2]
-    keys, values = cache_k[i, rows].astype(jnp.float32), cache_v[i, rows].astype(jnp.float32)
+    keys, values = cache_k[rows].astype(jnp.float32), cache_v[rows].astype(jnp.float32)
     grouped = q.reshape(r, t, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM).astype(jnp.float32)
-    scores = jnp.einsum("rtkgd,rkpd->rtkgp", grouped, keys) * HEAD_DIM**-0.5
-    scores = jnp.where(mask[:, :, None, None, :], scores, -jnp.inf)
-    out = jnp.einsum("rtkgp,rkpd->rtkgd", jax.nn.softmax(scores, axis=-1), values)
+    # scores [R, KV_HEADS, T, GROUP, POSITIONS]: a product's own output order (batch, its rows, its
+    # columns), which XLA computes without transposing the scores or the cached values
+    scores = jnp.einsum("rtkgd,rkpd->rktgp", grouped, keys) * HEAD_DIM**-0.5
+    scores = jnp.where(mask[:, None, :, None, :], scores, -jnp.inf)
+    out = jnp.einsum("rktgp,rkpd->rtkgd", jax.nn.softmax(scores, axis=-1), values)
     return out.astype(q.dtype).reshape(r, t, HEADS * HEAD_DIM)
 
 
@@ -102,27 +104,23 @@ def select_tokens(x: jax.Array, select: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x, select[:, :, None], axis=1)
 
 
-def layer(x, w, i, cache_k, cache_v, cos, sin, rows, positions, mask):
+def layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask):
 {layer_body}
     return {layer_results}
 
 
 def step(weights, cache_k, cache_v, rope_cos, rope_sin, tokens, positions, rows, select):
     """tokens, positions [R, T]; rows [R]; select [R, S]. Returns logits [R, S, vocab] float32 and the
-    caches written. weights: {{name: array}} with the layers' weights under "layers", stacked."""
+    caches written. weights: {{name: array}}, with a {{name: array}} per layer in the list "layers"."""
     act = weights["embed"].dtype
     cos = rope_cos[positions][:, :, None].astype(act)
     sin = rope_sin[positions][:, :, None].astype(act)
-    mask = jnp.arange(cache_k.shape[3]) <= positions[..., None]
+    mask = jnp.arange(cache_k[0].shape[2]) <= positions[..., None]
     w = weights
 {embed_body}
-
-    def one_layer(carry, w):
-        x, cache_k, cache_v, i = carry
-        x, cache_k, cache_v = layer(x, w, i, cache_k, cache_v, cos, sin, rows, positions, mask)
-        return (x, cache_k, cache_v, i + 1), None
-
-    (x, cache_k, cache_v, _), _ = jax.lax.scan(one_layer, (x, cache_k, cache_v, 0), weights["layers"])
+    cache_k, cache_v = list(cache_k), list(cache_v)
+    for i, w in enumerate(weights["layers"]):
+        x, cache_k[i], cache_v[i] = layer(x, w, cache_k[i], cache_v[i], cos, sin, rows, positions, mask)
     w = {head_weights}
 {head_body}
     return {head_result}, cache_k, cache_v
@@ -172,10 +170,10 @@ def emit_op(op: Op) -> str:
         return f"{out} = rotary({names[0]}, cos, sin)"
     if op.kind == "cache_write":
         cache, rows, positions, value = names
-        return f"{out} = cache_write({cache}, i, {rows}, {positions}, {value})"
+        return f"{out} = cache_write({cache}, {rows}, {positions}, {value})"
     if op.kind == "attention":
         q, cache_k, cache_v, rows, _ = names
-        return f"{out} = attention({q}, {cache_k}, {cache_v}, i, {rows}, mask)"
+        return f"{out} = attention({q}, {cache_k}, {cache_v}, {rows}, mask)"
     if op.kind == "split":
         cuts = [sum(op.attrs["sizes"][:n]) for n in range(1, len(op.attrs["sizes"]))]
         return f"{out} = jnp.split({args}, {cuts}, axis=-1)"

@@ -1,4 +1,5 @@
-"""The XLA backends' program and weight layout: each layer's weights stacked along a first axis of LAYERS.
+"""The XLA backends' program and weight layout: each layer's weights stacked along a first axis of LAYERS
+on disk (one file, one array per name), and handed to the generated step layer by layer.
 
 On one device the program fuses q/k/v and gate/up and folds the norms' weights into the matrices (as
 torch's); sharded over several devices it keeps every projection apart, so that splitting a matrix's
@@ -39,12 +40,10 @@ def stacked_weights(weights: Weights, program: Program) -> dict[str, np.ndarray]
     return cached_arrays(weights.source, key, build)
 
 
-def as_tree(flat: dict[str, object]) -> dict[str, object]:
-    """``{"embed": .., "layers": {"qkv": ..}}``: the pytree the generated ``step`` takes."""
-    tree: dict[str, object] = {"layers": {}}
-    for name, array in flat.items():
-        if name.startswith("layers."):
-            tree["layers"][name.removeprefix("layers.")] = array
-        else:
-            tree[name] = array
+def as_tree(flat: dict[str, np.ndarray], layers: int) -> dict[str, object]:
+    """``{"embed": .., "layers": [{"qkv": ..}, ..]}``: the pytree the generated ``step`` takes, each
+    layer's weights a view of its part of the stacked arrays."""
+    tree: dict[str, object] = {name: a for name, a in flat.items() if not name.startswith("layers.")}
+    tree["layers"] = [{name.removeprefix("layers."): a[i] for name, a in flat.items() if name.startswith("layers.")}
+                      for i in range(layers)]
     return tree

@@ -5,6 +5,7 @@ writing the scratch position and never selected. Tokens are drawn on the device;
 """
 from __future__ import annotations
 
+import os
 import random
 import time
 from types import ModuleType
@@ -16,6 +17,7 @@ import numpy as np
 
 from linnet.backends import generated
 from linnet.backends.runner import CacheShape, Runner
+from linnet.backends.xla import disk_cache
 from linnet.backends.xla.codegen import generate_source
 from linnet.backends.xla.layout import as_tree, stacked_weights, xla_program
 from linnet.backends.xla.sharding import Sharding
@@ -59,6 +61,7 @@ class XlaRunner(Runner):
         if dtype not in DTYPES:
             raise LinnetError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
         super().__init__(weights.spec, cache)
+        disk_cache.use_for_jit()  # before the first jit below compiles
         self.name, self.dtype = f"xla:{mode}", dtype
         self.positions = cache.positions + 1  # and the scratch position
         self._greedy = jax.jit(lambda logits: jnp.argmax(logits, axis=-1))
@@ -121,7 +124,9 @@ class XlaRunner(Runner):
         return np.asarray(tokens)[:n].tolist()
 
     def describe(self) -> dict:
-        return {**super().describe(), "dtype": self.dtype, "device": str(jax.devices()[0])}
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        # XLA's CPU client sized its thread pools from the CPUs this process may use (setup.set_threads)
+        return {**super().describe(), "dtype": self.dtype, "device": str(jax.devices()[0]), "threads": threads}
 
     def peak_memory(self) -> int:
         """The device's allocator peak where it reports one (a GPU); the process's peak RSS on a CPU."""
@@ -140,22 +145,23 @@ class JaxRunner(XlaRunner):
         program = xla_program(spec, dtype, sharded=devices > 1)
         self.source = generate_source(program)
         module = load_generated_module(self.source)
-        flat = stacked_weights(weights, program)
-        shape = (spec.num_layers, cache.rows, spec.num_kv_heads, self.positions, spec.head_dim)
+        tree = as_tree(stacked_weights(weights, program), spec.num_layers)
+        shape = (cache.rows, spec.num_kv_heads, self.positions, spec.head_dim)
+        zeros = np.zeros(shape, DTYPES[dtype].numpy)
         cos, sin = rope_tables(spec, self.positions)
-        act = DTYPES[dtype].numpy
         if devices == 1:
-            self.weights = as_tree({name: jax.device_put(a) for name, a in flat.items()})
-            self.cache_k, self.cache_v = jnp.zeros(shape, act), jnp.zeros(shape, act)
+            self.weights = jax.device_put(tree)
+            self.cache_k, self.cache_v = ([jax.device_put(zeros) for _ in range(spec.num_layers)] for _ in "kv")
             self.rope = jax.device_put(cos), jax.device_put(sin)
             self._step = jax.jit(module.step, donate_argnames=("cache_k", "cache_v"))
         else:
             sharding = Sharding(spec, devices)
-            self.weights = as_tree(sharding.put(flat))
-            self.cache_k = jax.device_put(np.zeros(shape, act), sharding.cache)
-            self.cache_v = jax.device_put(np.zeros(shape, act), sharding.cache)
+            self.weights = sharding.put(tree)
+            self.cache_k, self.cache_v = ([jax.device_put(zeros, sharding.cache) for _ in range(spec.num_layers)]
+                                          for _ in "kv")
             self.rope = tuple(jax.device_put(t, sharding.replicated) for t in (cos, sin))
-            out = (sharding.replicated, sharding.cache, sharding.cache)
+            caches = [sharding.cache] * spec.num_layers
+            out = (sharding.replicated, caches, caches)
             self._step = jax.jit(module.step, donate_argnames=("cache_k", "cache_v"), out_shardings=out)
         self._draw = jax.jit(module.sample)
         self.load_time = weights.load_time + time.perf_counter() - start

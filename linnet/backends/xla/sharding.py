@@ -18,8 +18,8 @@ from linnet.errors import LinnetError
 from linnet.spec import ModelSpec
 
 AXIS = "model"
-_BY_OUTPUT = {"q", "q_bias"}  # [LAYERS, out, in] and [LAYERS, out]: rows split
-_BY_INPUT = {"o"}  # [LAYERS, out, in]: columns split
+_BY_OUTPUT = {"q", "q_bias"}  # a layer's [out, in] and [out]: rows split
+_BY_INPUT = {"o"}  # a layer's [out, in]: columns split
 _KV = {"k", "k_bias", "v", "v_bias"}  # rows split when the devices divide the kv heads
 _MLP_BY_OUTPUT, _MLP_BY_INPUT = {"gate", "up"}, {"down"}  # when the devices divide the intermediate size
 
@@ -44,18 +44,21 @@ class Sharding:
         self.kv_split = spec.num_kv_heads % devices == 0
         self.mlp_split = spec.intermediate_size % devices == 0
         self.replicated = self._named()
-        self.cache = self._named(None, None, AXIS) if self.kv_split else self.replicated
+        self.cache = self._named(None, AXIS) if self.kv_split else self.replicated  # a layer's [ROWS, KV_HEADS, P, D]
 
     def _named(self, *axes: str | None) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec(*axes))
 
-    def weight(self, name: str) -> NamedSharding:
-        part = name.removeprefix("layers.")
-        if part in _BY_OUTPUT or (self.kv_split and part in _KV) or (self.mlp_split and part in _MLP_BY_OUTPUT):
+    def layer_weight(self, name: str) -> NamedSharding:
+        if name in _BY_OUTPUT or (self.kv_split and name in _KV) or (self.mlp_split and name in _MLP_BY_OUTPUT):
+            return self._named(AXIS)
+        if name in _BY_INPUT or (self.mlp_split and name in _MLP_BY_INPUT):
             return self._named(None, AXIS)
-        if part in _BY_INPUT or (self.mlp_split and part in _MLP_BY_INPUT):
-            return self._named(None, None, AXIS)
         return self.replicated
 
-    def put(self, flat: dict[str, Any]) -> dict[str, jax.Array]:
-        return {name: jax.device_put(array, self.weight(name)) for name, array in flat.items()}
+    def put(self, tree: dict[str, Any]) -> dict[str, Any]:
+        """The step's weights (``layout.as_tree``) placed: the layers' split, the rest on every device."""
+        placed = {name: jax.device_put(a, self.replicated) for name, a in tree.items() if name != "layers"}
+        placed["layers"] = [{name: jax.device_put(a, self.layer_weight(name)) for name, a in layer.items()}
+                            for layer in tree["layers"]]
+        return placed

@@ -12,6 +12,7 @@ import numpy as np
 from jax.extend.backend import get_backend
 
 from linnet.backends.runner import CacheShape
+from linnet.backends.xla import disk_cache
 from linnet.backends.xla.codegen import generate_source
 from linnet.backends.xla.layout import xla_program
 from linnet.backends.xla.runner import XlaRunner, load_generated_module
@@ -28,11 +29,15 @@ def compile_module(text: str, entry: str):
     from jax._src.lib import xla_client
 
     client = get_backend()
-    try:
-        return client.compile_and_load(text, xla_client.DeviceList(tuple(client.local_devices()[:1])),
-                                       xla_client.CompileOptions())
-    except Exception as e:  # jaxlib raises its JaxRuntimeError, with MLIR's diagnostics in the message
-        raise LinnetError(f"XLA rejected the StableHLO module {entry!r}{_where(str(e), text)}") from None
+    devices = xla_client.DeviceList(tuple(client.local_devices()[:1]))
+
+    def build():
+        try:
+            return client.compile_and_load(text, devices, xla_client.CompileOptions())
+        except Exception as e:  # jaxlib raises its JaxRuntimeError, with MLIR's diagnostics in the message
+            raise LinnetError(f"XLA rejected the StableHLO module {entry!r}{_where(str(e), text)}") from None
+
+    return disk_cache.load_or_compile(text, client, devices, build)
 
 
 def _where(message: str, text: str) -> str:

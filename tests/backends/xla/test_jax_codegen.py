@@ -58,7 +58,7 @@ def greedy_tokens(model_dir: Path, prompt: list[int], new: int) -> list[int]:
 def test_compiled_directory_runs_without_linnet(checkpoint_dir, tmp_path):
     model_dir = checkpoint_dir("qwen3-gqa3")
     out = tmp_path / "compiled"
-    assert linnet_main(["compile", str(model_dir), "--target", "xla", "-o", str(out)]) == 0
+    assert linnet_main(["compile", str(model_dir), "--target", "jax", "-o", str(out)]) == 0
     result = subprocess.run([sys.executable, "run.py", "1", "5", "7"], cwd=out, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
@@ -69,8 +69,8 @@ def test_stablehlo_modules_run_by_their_calling_convention(checkpoint_dir, tmp_p
     """The written modules, fed as calling_convention.json says (no Linnet code but the compile call)."""
     model_dir = checkpoint_dir("qwen2-tied")
     out = tmp_path / "compiled"
-    assert linnet_main(["compile", str(model_dir), "--target", "xla", "-o", str(out)]) == 0
-    convention = json.loads((out / "stablehlo" / "calling_convention.json").read_text())
+    assert linnet_main(["compile", str(model_dir), "--target", "stablehlo", "-o", str(out)]) == 0
+    convention = json.loads((out / "calling_convention.json").read_text())
     files = {name: load_file(out / name) for name in ("weights.safetensors", "rope.safetensors")}
 
     def argument(arg: dict, given: dict) -> np.ndarray:
@@ -83,7 +83,7 @@ def test_stablehlo_modules_run_by_their_calling_convention(checkpoint_dir, tmp_p
         return array[src["index"]] if "index" in src else array[:arg["shape"][0]]
 
     modules = convention["modules"]
-    prefill, decode = (compile_module((out / "stablehlo" / modules[name]["file"]).read_text(), name)
+    prefill, decode = (compile_module((out / modules[name]["file"]).read_text(), name)
                        for name in ("prefill", "decode"))
     prompt, length = [1, 5, 7], modules["prefill"]["sizes"]["T"]
     scratch = modules["prefill"]["sizes"]["P"] - 1
