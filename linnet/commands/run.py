@@ -6,12 +6,12 @@ import json
 import os
 import sys
 
-from linnet.backends.runner import cache_positions
+from linnet.backends.runner import Runner, cache_positions
 from linnet.commands._checks import number, whole
 from linnet.commands._common import add_model_argument, add_runner_arguments, make_runner
 from linnet.errors import LinnetError
 from linnet.generation import Sampling, generate
-from linnet.model import open_model
+from linnet.model import LoadedModel, open_model
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--cache-positions", type=whole(2), default=None,
                         help="KV cache length (default: prompt + new tokens, rounded up to 128)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
-    parser.set_defaults(func=handle)
+    parser.set_defaults(func=handle, backend=None)  # None: the fastest this machine is ready to run (pick_runner)
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -47,8 +47,9 @@ def handle(args: argparse.Namespace) -> int:
     else:
         prompt_ids = tokenizer.encode(args.prompt)
     positions = args.cache_positions or min(cache_positions(len(prompt_ids) + args.max_new_tokens), model.spec.max_positions)
-    runner = make_runner(model, args, positions)
+    runner = pick_runner(model, args, positions)
     warm_up_s = runner.warm_up()  # compiling (or loading compiled code) is timed apart from the request
+    compile_s = getattr(runner, "compile_time", 0.0)
 
     shown: list[str] = []  # the text so far: what an interrupted run still reports
 
@@ -75,6 +76,7 @@ def handle(args: argparse.Namespace) -> int:
         "threads": runner.describe().get("threads"),
         "load_average": os.getloadavg()[0],
         "load_s": round(runner.load_time, 4),
+        "compile_s": round(compile_s, 4),
         "warm_up_s": round(warm_up_s, 4),
         "ttft_ms": round(result.ttft_s * 1000, 2),
         "decode_tok_s": round(result.decode_tok_s, 2),
@@ -88,8 +90,27 @@ def handle(args: argparse.Namespace) -> int:
         print(
             f"\n\n[{summary['new_tokens']} tokens, {summary['finish_reason']} · first token {summary['ttft_ms']:.0f} ms"
             f" · decode {summary['decode_tok_s']:.1f} tok/s · load {summary['load_s']:.2f} s"
-            f" + warm-up {summary['warm_up_s']:.2f} s"
+            f" + compiled steps {summary['compile_s']:.2f} s + warm-up {summary['warm_up_s'] - summary['compile_s']:.2f} s"
             f" · {args.backend} {args.dtype}, {threads}load average {summary['load_average']:.2f}]",
             file=sys.stderr,
         )
+    if getattr(args, "note", None):  # after the run, so that an error stays the first line
+        print(args.note, file=sys.stderr)
     return 0
+
+
+def pick_runner(model: LoadedModel, args: argparse.Namespace, positions: int) -> Runner:
+    """The runner of ``--backend``; without one, the fastest this machine is ready to run: torch:inductor
+    on a CPU once its compiled steps for this model and cache size are on disk (ready in well under a
+    second, decoding faster than eager), else torch:eager. Compiling takes minutes, more than a
+    short run gains, so it is the user's choice, said once (docs/COMPILED.md)."""
+    if args.backend is not None:
+        return make_runner(model, args, positions)
+    args.backend = "torch:inductor"
+    runner = make_runner(model, args, positions)
+    if runner.compiled_on_disk() or runner.device.type != "cpu":
+        return runner
+    args.backend = "torch:eager"
+    args.note = ("linnet: ran torch:eager; `linnet run --backend torch:inductor` compiles this model's steps once "
+                 "(minutes), after which linnet run uses them, ready in under a second")
+    return make_runner(model, args, positions)

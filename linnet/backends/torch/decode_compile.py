@@ -10,6 +10,8 @@ doing nothing but that, each measured in one process against the step without it
   for a tied head) to a buffer first; inductor would otherwise inline that pointwise work into the
   product's inner loop, where it is redone for every row of the weights.
 - `-ffp-contract=fast`: each multiply-and-add of those loops is one fused instruction.
+- `emulate_precision_casts`: a 16-bit value the step rounds to stays rounded inside a fused loop, so
+  that one row's step gives what a step of several rows gives.
 - `schedule(guided)` on every work-shared loop: inductor writes `#pragma omp for`, which libgomp splits
   statically, each thread an equal share, and the step waits at each loop's end for the slowest. On a
   shared VM the threads are often not equal (a slower core, a thread woken late), so guided hands out
@@ -103,6 +105,9 @@ def decode_compile_options() -> dict[str, Any]:
         "realize_reads_threshold": 1,
         "post_grad_custom_post_pass": DECODE_STEP_PASS,
         "cpp.enable_floating_point_contract_flag": "fast",
+        # keep the roundings the generated code asks for (16-bit products' inputs and results, see its
+        # `linear`), which inductor would otherwise drop inside a fused loop
+        "emulate_precision_casts": True,
     }
 
 

@@ -161,6 +161,10 @@ class TorchRunner(Runner):
         self.load_time = weights.load_time + time.perf_counter() - start
 
     def _compile(self) -> None:
+        if self.mode == "inductor" and self.device.type == "cpu":
+            # compiled once into AOTInductor packages on disk, which later processes load in milliseconds
+            self._prefill_fn, self._decode_fn = self._packaged("prompt step", True), self._packaged("decode step", False)
+            return
         from linnet.backends.torch.decode_compile import decode_compile_options  # imports inductor
 
         # No freezing: the decode products need no re-laid weights, the weights are not copied, and
@@ -179,6 +183,36 @@ class TorchRunner(Runner):
         options = decode_compile_options()  # keeps the weight-streaming loops lean; see decode_compile
         decode = torch.compile(decode, dynamic=False, fullgraph=True, options=options)
         self._decode_fn = self._noted(decode, "decode step")
+
+    def _packaged(self, what: str, dynamic: bool) -> Callable[..., Any]:
+        """``what`` as AOTInductor packages (``aot``), one per shape (the prompt step: any length), each
+        loaded, or built and kept, at its first call, which is timed into ``compile_time``."""
+        from linnet.backends.torch import aot  # imports inductor
+
+        steps: dict[tuple, Callable[..., Any]] = {}
+
+        def call(tokens, positions, rows, select):
+            shape = (tokens.shape[0], None if select is None else tuple(select.shape))
+            if shape not in steps:
+                start = time.perf_counter()
+                steps[shape] = aot.load_or_build(self.model, self.source, (tokens, positions, rows, select), what,
+                                                 dynamic, _note)
+                self.compile_time += time.perf_counter() - start
+            return steps[shape](tokens, positions, rows, select)
+
+        return call
+
+    def compiled_on_disk(self) -> bool:
+        """Whether torch:inductor on a CPU finds this runner's prompt and one-row decode steps as packages
+        on disk (so that it is ready in well under a second)."""
+        from linnet.backends.torch import aot
+
+        one = torch.zeros((1, 1), dtype=torch.int64)
+        prompt = (torch.zeros((1, 2), dtype=torch.int64), torch.zeros((1, 2), dtype=torch.int64), one[0], one)
+        decode = (one, one, one[0], None)
+        return (self.mode == "inductor" and self.device.type == "cpu"
+                and all(aot.package_path(self.model, self.source, example, dynamic).is_file()
+                        for example, dynamic in ((prompt, True), (decode, False))))
 
     def _noted(self, step: Callable[..., Any], what: str) -> Callable[..., Any]:
         """``step``, whose first call (where it compiles, or loads from inductor's cache) says so on stderr
@@ -261,6 +295,10 @@ class TorchRunner(Runner):
             free, total = torch.cuda.mem_get_info(self.device)
             return max(torch.cuda.max_memory_reserved(self.device), total - free)
         return super().peak_memory()
+
+
+def _note(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def draw(logits: torch.Tensor, s: Sampling, generator: torch.Generator) -> torch.Tensor:

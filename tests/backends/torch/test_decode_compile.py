@@ -3,6 +3,7 @@ other compiles keep inductor's defaults."""
 from __future__ import annotations
 
 import re
+import zipfile
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from torch._inductor.utils import run_and_get_code
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from linnet.backends import CacheShape, create_runner
+from linnet.backends.torch import aot
 from linnet.backends.torch.decode_compile import decode_compile_options, product_inputs
 from linnet.model import open_model
 
@@ -70,12 +72,17 @@ def test_only_compiles_given_the_options_get_guided_loops(two_threads_no_graph_c
     torch.testing.assert_close(out, (w * x).sum(-1).relu())
 
 
-def test_the_decode_step_is_compiled_with_guided_loops(checkpoint_dir, two_threads_no_graph_cache):
+def test_the_decode_step_is_compiled_with_guided_loops(checkpoint_dir, two_threads_no_graph_cache, monkeypatch,
+                                                      tmp_path):
+    monkeypatch.setenv("LINNET_CACHE", str(tmp_path))  # a package compiled here, not found on disk
     runner = create_runner("torch:inductor", open_model(str(checkpoint_dir("qwen2-tied"))).weights,
                            CacheShape(rows=2, positions=32))
     runner.prefill(0, list(range(3, 10)))
-    _, codes = run_and_get_code(runner.decode, [5, 0])
-    [decode_code] = codes
+    runner.decode([5, 0])
+    one = torch.zeros((2, 1), dtype=torch.int64)
+    package = aot.package_path(runner.model, runner.source, (one, one, one[:, 0], None), dynamic=False)
+    with zipfile.ZipFile(package) as files:
+        [decode_code] = [files.read(n).decode() for n in files.namelist() if n.endswith(".kernel.cpp")]
     assert decode_code.count("#pragma omp for schedule(guided)") > 0
     # what stays static is a parallel reduction's loop (each thread sums into its own _local accumulator)
     for static in re.finditer(r"#pragma omp for\n", decode_code):

@@ -36,12 +36,25 @@ def compiled_decode(x: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() and x.shape[1] == 1
 
 
+# The 16-bit products this CPU runs natively (AVX512-BF16 or AMX; AMX-FP16). There a product of 16-bit
+# weights under f32 arithmetic takes 16-bit inputs, sums in f32 and rounds its result to 16 bits, as a
+# 16-bit GPU run does: several rows through oneDNN's 16-bit matrix product instead of widening the whole
+# matrix at every call (16 rows of SmolLM2's head: 10 ms against 68), one row in its streaming loop with
+# the same roundings, so that a row's result does not depend on the rows beside it.
+NATIVE_16BIT = {torch.bfloat16: torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported(),
+                torch.float16: torch.cpu._is_amx_fp16_supported()}
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x [R, T, in] times w [out, in], widened to x's dtype where it is narrower (16-bit weights). A
-    compiled one-token step of one row streams w as a multiply-and-sum; several rows take a matrix
-    product, since that loop, laid out for one row, is bound by arithmetic at several (4 rows: 77 ms
-    against 11 for one, SmolLM2 on 2 cores)."""
-    y = decode_product(x, w) if compiled_decode(x) and x.shape[0] == 1 else x @ w.to(x.dtype).T
+    """x [R, T, in] times w [out, in]. A compiled one-token step of one row streams w as a multiply-and-sum
+    (a 16-bit w widened inside the loop); several rows take a matrix product, since that loop, laid out for
+    one row, is bound by arithmetic at several (4 rows: 77 ms against 11 for one, SmolLM2 on 2 cores)."""
+    one_row_decode = compiled_decode(x) and x.shape[0] == 1
+    if w.dtype != x.dtype and NATIVE_16BIT[w.dtype]:  # 16-bit inputs and results, f32 sums
+        x16 = x.to(w.dtype)
+        y = (decode_product(x16.to(x.dtype), w).to(w.dtype) if one_row_decode else x16 @ w.T).to(x.dtype)
+    else:
+        y = decode_product(x, w) if one_row_decode else x @ w.to(x.dtype).T
     return y if b is None else y + b
 
 

@@ -1,0 +1,15 @@
+"""`linnet run` without --backend: torch:eager, with a note, until torch:inductor's packages are on disk."""
+from __future__ import annotations
+
+import json
+
+from linnet.cli import main
+
+
+def test_run_without_packages_runs_eager_and_says_how_to_compile(checkpoint_dir, capsys):
+    assert main(["run", str(checkpoint_dir("qwen3-gqa3")), "--prompt", "The quick", "--max-new-tokens", "3",
+                 "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["backend"] == "torch:eager" and out["compile_s"] == 0
+    assert "--backend torch:inductor" in captured.err
