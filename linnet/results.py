@@ -90,6 +90,9 @@ class Row:
         return None if m is None else m.value
 
 
+SERVING_GROUP = "Serving many requests"  # the group of every serving row (linnet.bench.serving)
+
+
 @dataclass
 class Machine:
     """What it ran on; None where it was not recorded."""

@@ -39,7 +39,7 @@ from linnet.bench.protocol import PEERS, REFERENCE, Job, random_prompt
 from linnet.errors import LinnetError, ResultsError
 from linnet.model import open_model, open_spec, resolve
 from linnet.registry.schema import Protocol, parse
-from linnet.results import Against, Machine, Metric, Results, Row, load_results, save_results
+from linnet.results import SERVING_GROUP, Against, Machine, Metric, Results, Row, load_results, save_results
 
 # Named protocols. ``seed`` is the seed pages' own; ``cpu-small`` fits every row of a small model into
 # minutes on a few cores; ``gpu-small`` keeps the seed's lengths with fewer runs, so that a lent GPU
@@ -269,12 +269,12 @@ def serving_row(p: Planned, checkpoint: str, profile: str, threads: int, time_li
     except subprocess.TimeoutExpired:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
-        return Row(p.id, "Serving many requests", p.id, not_run=f"time limit of {time_limit_s:g} s")
+        return Row(p.id, SERVING_GROUP, p.id, not_run=f"time limit of {time_limit_s:g} s")
     except BaseException:
         os.killpg(child.pid, signal.SIGKILL)
         raise
     if child.returncode != 0 or not out.strip():
-        return Row(p.id, "Serving many requests", p.id, not_run=f"failed: exited with status {child.returncode}")
+        return Row(p.id, SERVING_GROUP, p.id, not_run=f"failed: exited with status {child.returncode}")
     return parse(Row, json.loads(out.splitlines()[-1]), p.id, ResultsError)
 
 

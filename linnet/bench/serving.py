@@ -26,9 +26,9 @@ from linnet.bench.serving_servers import NotRunnable, Running, free_port, make_s
 from linnet.errors import LinnetError
 from linnet.model import open_model, open_spec, resolve
 from linnet.registry.schema import Protocol, Serving
-from linnet.results import Against, Machine, Metric, Results, Row
+from linnet.results import SERVING_GROUP, Against, Machine, Metric, Results, Row
 
-GROUP = "Serving many requests"
+GROUP = SERVING_GROUP
 PROMPT_SEED = 0
 
 
@@ -178,9 +178,16 @@ def format_serving(results: Results, profile: ServingProfile) -> str:
     lines = [f"{results.model} · profile {profile.name}: {profile.describe()} · {results.timestamp}",
              f"{m.cpu} · {m.memory_gib} GiB · {m.threads} threads · load average "
              f"{' '.join(f'{x:.2f}' for x in m.load_average or [])} at the start{arithmetic.measured(m)}", ""]
+    lines += serving_table(results.rows)
+    lines += ["", "Notes:"] + [f"  {r.name}: {'; '.join(r.notes)}" for r in results.rows if r.notes]
+    return "\n".join(lines)
+
+
+def serving_table(rows: list[Row]) -> list[str]:
+    """The serving rows as a table, then those not run with their reasons."""
     table = [("Server", "Throughput", "Arithmetic", "TTFT p50", "TTFT p99", "Load", "Peak memory",
               "Against (same run)")]
-    for r in results.rows:
+    for r in rows:
         if r.not_run:
             continue
         ttft = r.metrics["serve_ttft_ms"].samples or []
@@ -189,8 +196,5 @@ def format_serving(results: Results, profile: ServingProfile) -> str:
                       f"{r.value('peak_mem_gib'):.2f} GiB",
                       f"{r.against.ratio:.2f}x {r.against.row}" if r.against else ""))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
-    lines += [f"{r.name}: not run: {r.not_run}" for r in results.rows if r.not_run]
-    lines += ["", "Notes:"] + [f"  {r.name}: {'; '.join(r.notes)}" for r in results.rows if r.notes]
-    return "\n".join(lines)
-
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+    return lines + [f"{r.name}: not run: {r.not_run}" for r in rows if r.not_run]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from linnet.bench.bandwidth import measured, read_rate
 from linnet.bench.protocol import PEERS
-from linnet.results import Results, Row
+from linnet.results import SERVING_GROUP, Results, Row
 
 
 def format_results(results: Results) -> str:
@@ -17,23 +17,29 @@ def format_results(results: Results) -> str:
         " · ".join(f"{k} {v}" for k, v in results.versions.items()),
         "",
     ]
+    serving = [r for r in results.rows if r.group == SERVING_GROUP]
+    rows = [r for r in results.rows if r.group != SERVING_GROUP]
     table = [("Method", "First token", "Decode", "Reads", "Load", "Peak memory", "Distance")]
-    for r in results.rows:
+    for r in rows:
         if not r.not_run:
             table.append((r.name, f"{r.value('ttft_ms'):,.1f} ms", f"{r.value('decode_tok_s'):.2f} tok/s",
                           read_rate(r, m), f"{r.value('load_s'):.2f} s", f"{r.value('peak_mem_gib'):.2f} GiB",
                           _distance(r)))
     lines += _columns(table)
-    lines += [f"{r.name}: not run: {r.not_run}" for r in results.rows if r.not_run]
-    peers = [r for r in results.rows if r.id in PEERS]
+    lines += [f"{r.name}: not run: {r.not_run}" for r in rows if r.not_run]
+    peers = [r for r in rows if r.id in PEERS]
     ratios = [("Against (same run)", *(f"{what} vs {peer.name}" for peer in peers
                                        for what in ("decode", "TTFT", "load")))]
-    for r in results.rows:
+    for r in rows:
         if r.linnet and not r.not_run:
             ratios.append((r.name, *(_ratio(r, peer, metric)
                                      for peer in peers for metric in ("decode_tok_s", "ttft_ms", "load_s"))))
     if peers and len(ratios) > 1:
         lines += ["", *_columns(ratios)]
+    if serving:
+        from linnet.bench.serving import serving_table  # imports the HTTP client
+
+        lines += ["", f"Serving: {serving[0].notes[0] if serving[0].notes else ''}", *serving_table(serving)]
     lines += ["", "Notes:"] + [f"  {r.name}: {'; '.join(r.notes)}" for r in results.rows if r.notes]
     return "\n".join(lines)
 

@@ -207,14 +207,12 @@ class Engine:
         else:  # never started: end the queued requests here
             self._end_all("the engine stopped")
 
-    def warm_up(self) -> None:
-        """One short prefill and one decode step, before serving: compiled backends compile here, not
-        in someone's request. Call before ``start``."""
-        runner = self.runner
-        prompt = [0] * min(16, runner.cache.positions - 1)
-        first = runner.step(prefill=[Prefill(0, prompt)])[0]
-        runner.step(decode=[Decode(0, first.token)])
-        runner.reset(0)
+    def warm_up(self) -> float:
+        """The runner's warm-up (a prompt chunk, and a decode step at each of its decode sizes, on the
+        scratch position) before serving: compiled backends compile every shape the engine will run
+        here, not in someone's request (a decode size first met under load stalled every row for the
+        length of its compile). Call before ``start``; the seconds it took."""
+        return self.runner.warm_up()
 
     def _check(self, prompt_ids: list[int], params: Params) -> None:
         positions, vocab = self.runner.cache.positions, self.runner.spec.vocab_size

@@ -51,6 +51,17 @@ def test_concurrent_requests_give_the_tokens_each_gives_alone(checkpoint_dir, ba
     assert engine.rows_busy == 0 and engine.queue_length == 0
 
 
+def test_the_warm_up_runs_every_shape_a_step_will_run(checkpoint_dir):
+    """A decode size first met under load would compile there, stalling every row (seen: 48 s)."""
+    runner, tokenizer = make_runner(checkpoint_dir, "reference:numpy", rows=5)
+    shapes, forward = [], runner._forward
+    runner._forward = lambda t, p, r, s: shapes.append((t.shape, s is None)) or forward(t, p, r, s)
+    Engine(runner, tokenizer).warm_up()
+    assert {n for (n, length), every in shapes if length == 1 and every} == set(runner.decode_sizes()) == {1, 4, 5}
+    assert any(length > 1 and not every for (_, length), every in shapes)  # a prompt chunk
+    assert runner.lengths == [0] * 5  # on the scratch position: no row was touched
+
+
 def test_a_cancelled_request_frees_its_row_at_once(checkpoint_dir):
     runner, tokenizer = make_runner(checkpoint_dir, "torch:eager", rows=1)
     engine = Engine(runner, tokenizer).start()

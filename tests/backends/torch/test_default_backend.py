@@ -6,7 +6,8 @@ import json
 from linnet.cli import main
 
 
-def test_run_without_packages_runs_eager_and_says_how_to_compile(checkpoint_dir, capsys):
+def test_run_without_packages_runs_eager_and_says_how_to_compile(checkpoint_dir, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("LINNET_CACHE", str(tmp_path))  # no package another test compiled
     assert main(["run", str(checkpoint_dir("qwen3-gqa3")), "--prompt", "The quick", "--max-new-tokens", "3",
                  "--json"]) == 0
     captured = capsys.readouterr()
