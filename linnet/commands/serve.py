@@ -23,7 +23,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--api-key", default=os.environ.get("LINNET_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on /v1 (default: $LINNET_API_KEY, if set)")
     parser.add_argument("--name", help="the model name clients send (default: MODEL as given)")
-    parser.set_defaults(func=handle)
+    parser.set_defaults(func=handle, backend=None)  # None: default_backend()
+
+
+def default_backend() -> str:
+    """onnx:cpu where ONNX Runtime is installed and torch sees no GPU: its products of many rows ran 2.5x
+    torch:eager's in the same bench (SmolLM2 on 2 cores, 339 against 134 tok/s; docs/SERVE.md); else
+    torch:eager."""
+    import torch
+
+    from linnet.backends.registry import get_backend
+
+    cpu_only = not torch.cuda.is_available()
+    return "onnx:cpu" if cpu_only and get_backend("onnx:cpu").unavailable() is None else "torch:eager"
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -32,6 +44,7 @@ def handle(args: argparse.Namespace) -> int:
     from linnet.serve.app import create_app
     from linnet.serve.engine import Engine
 
+    args.backend = args.backend or default_backend()
     model = open_model(args.model)
     if model.tokenizer is None:
         raise LinnetError(f"{model.path} has no tokenizer.json; linnet serve needs one")

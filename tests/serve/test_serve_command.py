@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from linnet.commands.serve import default_backend
 from serve_helpers import CASE
 
 
@@ -54,7 +55,7 @@ def test_serve_a_checkpoint_then_ctrl_c(checkpoint_dir):
         assert out.usage.completion_tokens >= 1
     finally:
         output = interrupt(process)
-    assert "tiny on torch:eager f32, 2 rows x 128 positions" in output
+    assert f"tiny on {default_backend()} f32, 2 rows x 128 positions" in output  # onnx:cpu where installed
 
 
 def test_the_default_model_serves_with_no_model_argument():
