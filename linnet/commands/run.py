@@ -87,9 +87,10 @@ def handle(args: argparse.Namespace) -> int:
         print(json.dumps({"prompt_ids": prompt_ids, "token_ids": result.token_ids, "text": result.text, **summary}))
     else:
         threads = f"{summary['threads']} threads, " if summary["threads"] else ""
+        decode = f"{summary['decode_tok_s']:.1f} tok/s" if summary["new_tokens"] > 1 else "– (one token)"
         print(
             f"\n\n[{summary['new_tokens']} tokens, {summary['finish_reason']} · first token {summary['ttft_ms']:.0f} ms"
-            f" · decode {summary['decode_tok_s']:.1f} tok/s · load {summary['load_s']:.2f} s"
+            f" · decode {decode} · load {summary['load_s']:.2f} s"
             f" + compiled steps {summary['compile_s']:.2f} s + warm-up {summary['warm_up_s'] - summary['compile_s']:.2f} s"
             f" · {args.backend} {args.dtype}, {threads}load average {summary['load_average']:.2f}]",
             file=sys.stderr,

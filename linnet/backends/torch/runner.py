@@ -179,7 +179,14 @@ class TorchRunner(Runner):
         # nothing else is), decode's shape never changes. Each runner gets its own code objects, since
         # dynamo caches per code object: other runners' graphs would count towards its recompile limit.
         prefill, decode = _own_code(prefill, id(self)), _own_code(decode, id(self))
-        self._prefill_fn = self._noted(torch.compile(prefill), "prompt step")
+        compiled_prefill = self._noted(torch.compile(prefill), "prompt step")
+
+        def prefill_any_length(tokens, positions, rows, select):
+            torch._dynamo.mark_dynamic(tokens, 1)
+            torch._dynamo.mark_dynamic(positions, 1)
+            return compiled_prefill(tokens, positions, rows, select)
+
+        self._prefill_fn = prefill_any_length
         options = decode_compile_options()  # keeps the weight-streaming loops lean; see decode_compile
         decode = torch.compile(decode, dynamic=False, fullgraph=True, options=options)
         self._decode_fn = self._noted(decode, "decode step")
@@ -242,9 +249,8 @@ class TorchRunner(Runner):
         s = None if select is None else torch.from_numpy(select).to(self.device)
         if self.mode == "eager" or tokens.shape[1] == 1:  # dynamo would specialise a length of 1: eager
             return self.model(t, p, r, s)
-        torch._dynamo.mark_dynamic(t, 1)
-        torch._dynamo.mark_dynamic(p, 1)
-        return self._prefill_fn(t, p, r, s)
+        return self._prefill_fn(t, p, r, s)  # marks the length dynamic where dynamo compiles (not packages:
+        # importing torch._dynamo for that took a second of a fresh `linnet run`)
 
     def decode_sizes(self) -> tuple[int, ...]:
         # one CUDA graph, captured for every row
