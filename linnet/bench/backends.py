@@ -8,6 +8,7 @@ import numpy as np
 
 from linnet.backends.registry import Backend
 from linnet.backends.runner import CacheShape, Decode, Prefill, cache_positions
+from linnet.bench.bandwidth import BLOCKS_NOTE
 from linnet.bench.protocol import Job, Subject, TimedGeneration
 from linnet.errors import BackendUnavailable
 from linnet.model import open_model
@@ -54,4 +55,6 @@ class LinnetSubject(Subject):
         return self.runner.peak_memory()
 
     def notes(self) -> list[str]:
-        return [f"KV cache compiled for {self.runner.cache.positions} positions"]
+        blocks = self.runner.describe().get("blocks")  # the torch backend running a GGUF file's own blocks
+        return [f"KV cache compiled for {self.runner.cache.positions} positions",
+                *([f"{BLOCKS_NOTE} ({blocks}), dequantised in the product's loop"] if blocks else [])]

@@ -130,21 +130,28 @@ def token_reads(spec: ModelSpec, protocol: Protocol, weights: dict[str, int], kv
     return TokenReads(sum(weights.values()), types, kv_cache_bytes(spec, position, kv_type), kv_type, position)
 
 
-def subject_reads(subject: str, job: Job, spec: ModelSpec, accelerated: bool) -> TokenReads:
+BLOCKS_NOTE = "matrices in llama.cpp's blocks"  # a Linnet worker's note when it runs a GGUF file's blocks
+
+
+def subject_reads(subject: str, job: Job, spec: ModelSpec, accelerated: bool, blocks: bool = False) -> TokenReads:
     """What one decode step of ``subject`` must read. Linnet's torch backend keeps its KV cache (and its
-    arithmetic) in f32 on a CPU whatever the weights' dtype; the other backends are counted alike."""
+    arithmetic) in f32 on a CPU whatever the weights' dtype, and with ``blocks`` reads a GGUF file's
+    matrices as stored, as llama.cpp does; the other backends are counted alike."""
     if subject == "llama.cpp":
         from linnet.bench.peers_llamacpp import llama_cpp_reads
 
         return llama_cpp_reads(job, spec)
     kv = job.dtype if accelerated or subject in PEERS else "f32"
-    return token_reads(spec, job.protocol, weights_in_dtype(spec, job.dtype), kv)
+    in_file = blocks and str(job.model).endswith(".gguf")
+    weights = weights_of_gguf(job.model, spec) if in_file else weights_in_dtype(spec, job.dtype)
+    return token_reads(spec, job.protocol, weights, kv)
 
 
 def reads_of_subjects(job: Job, spec: ModelSpec, reports: dict[str, dict[str, Any]]) -> dict[str, TokenReads]:
     """``subject_reads`` of every subject that ran, given the workers' reports."""
     accelerated = any(r.get("accelerator") for r in reports.values())
-    return {s: subject_reads(s, job, spec, accelerated) for s, r in reports.items() if "not_run" not in r}
+    return {s: subject_reads(s, job, spec, accelerated, any(n.startswith(BLOCKS_NOTE) for n in r.get("notes", [])))
+            for s, r in reports.items() if "not_run" not in r}
 
 
 def add_notes(rows: list[Row], reads: dict[str, TokenReads], gb_s: float) -> None:

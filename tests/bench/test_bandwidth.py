@@ -83,6 +83,18 @@ def test_linnet_rows_read_an_f32_cache_on_a_cpu(checkpoint_dir, tmp_path):
     assert bandwidth.subject_reads("torch:eager", job, spec, accelerated=True).kv_type == "bf16"
 
 
+def test_a_linnet_row_running_a_gguf_files_blocks_reads_them_as_stored(checkpoint_dir, tmp_path):
+    model = open_model(str(checkpoint_dir("llama-gqa3")))
+    path = export_gguf(model, tmp_path / "m.gguf", "q8_0")
+    job = Job(str(path), "f32", PROTOCOL, [1, 2, 3], str(tmp_path))
+    reports = {"torch:inductor": {"notes": [f"{bandwidth.BLOCKS_NOTE} (q8_0), dequantised in the product's loop"]},
+               "torch:eager": {"notes": []}}
+    reads = bandwidth.reads_of_subjects(job, model.spec, reports)
+    assert reads["torch:inductor"].weights == sum(bandwidth.weights_of_gguf(path, model.spec).values())
+    assert set(reads["torch:inductor"].weight_type.split(", ")) == {"q8_0", "f32", "f16"} and reads["torch:inductor"].kv_type == "f32"
+    assert reads["torch:eager"].weight_type == "f32"  # widened to the run's dtype at load
+
+
 def test_the_summary_shows_each_rows_share():
     reads = bandwidth.TokenReads(weights=90_000_000, weight_type="f32", kv_cache=10_000_000, kv_type="f32",
                                  position=576)
