@@ -249,8 +249,9 @@ class TorchRunner(Runner):
         s = None if select is None else torch.from_numpy(select).to(self.device)
         if self.mode == "eager" or tokens.shape[1] == 1:  # dynamo would specialise a length of 1: eager
             return self.model(t, p, r, s)
-        return self._prefill_fn(t, p, r, s)  # marks the length dynamic where dynamo compiles (not packages:
-        # importing torch._dynamo for that took a second of a fresh `linnet run`)
+        # the length is marked dynamic in the torch.compile path only: importing torch._dynamo to mark it
+        # took a second of a fresh `linnet run` that loads packages
+        return self._prefill_fn(t, p, r, s)
 
     def decode_sizes(self) -> tuple[int, ...]:
         # one CUDA graph, captured for every row
