@@ -166,16 +166,27 @@ def test_site_command_renders_the_bundled_results(tmp_path: Path, capsys):
     assert "wrote 4 pages" in capsys.readouterr().out
 
 
-COMMITTED = Path(__file__).parents[2] / "docs" / "site"
+DOCS = Path(__file__).parents[2] / "docs"
 
 
-@pytest.mark.skipif(not COMMITTED.is_dir(), reason="no committed site beside these tests")
-def test_the_committed_site_is_current(site: Path):
-    files = sorted(p.relative_to(site) for p in site.rglob("*") if p.is_file())
-    assert files == sorted(p.relative_to(COMMITTED) for p in COMMITTED.rglob("*") if p.is_file())
+def _same_tree(rendered: Path, committed: Path, command: str) -> None:
+    files = sorted(p.relative_to(rendered) for p in rendered.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(committed) for p in committed.rglob("*") if p.is_file())
     for name in files:
-        assert (site / name).read_bytes() == (COMMITTED / name).read_bytes(), (
-            f"docs/site/{name} is stale: run `linnet site -o docs/site`")
+        assert (rendered / name).read_bytes() == (committed / name).read_bytes(), (
+            f"{committed.relative_to(DOCS.parent)}/{name} is stale: run `{command}`")
+
+
+@pytest.mark.skipif(not (DOCS / "site").is_dir(), reason="no committed site beside these tests")
+def test_the_committed_site_is_current(site: Path):
+    _same_tree(site, DOCS / "site", "linnet site -o docs/site")
+
+
+@pytest.mark.skipif(not (DOCS / "measured-site").is_dir(), reason="no committed measured site beside these tests")
+def test_the_committed_site_of_measured_results_is_current(tmp_path: Path):
+    """docs/measured-site: the results measured on the development VMs (docs/results/) beside the published."""
+    render_site(site_command.results_files([DOCS / "results"], published=True), tmp_path / "out")
+    _same_tree(tmp_path / "out", DOCS / "measured-site", "linnet site docs/results -o docs/measured-site")
 
 
 def test_a_cpu_run(tmp_path: Path):
