@@ -285,7 +285,7 @@ def _save(results: Results, planned: list[Planned], rows: dict[str, Row], out: P
     add_comparisons(ordered)
     serving = _serving()
     if serving is not None:
-        serving.add_comparisons([r for r in ordered if r.group == serving.GROUP])
+        serving.add_comparisons([r for r in ordered if r.group == SERVING_GROUP])
     results = replace(results, rows=ordered)
     save_results(results, out)
     return results

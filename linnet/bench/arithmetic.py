@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import time
 from typing import Any
 
+from linnet.bench.machine import measure_apart as measure_in_process
 from linnet.dtypes import DTYPES
-from linnet.errors import LinnetError
 from linnet.results import Machine, Row
 from linnet.spec import ModelSpec
 
@@ -47,12 +46,8 @@ def measure(dtype: str = "f32", size: int = SIZE, passes: int = PASSES) -> list[
 def measure_apart(env: dict[str, str], dtype: str, log: Any = sys.stderr, size: int = SIZE,
                   passes: int = PASSES) -> list[float]:
     """``measure`` in a process of its own with ``env``, as the servers run."""
-    print(f"linnet bench: measuring the {dtype} matrix-product rate ...", file=log, flush=True)
-    command = [sys.executable, "-P", "-m", "linnet.bench.arithmetic", dtype, str(size), str(passes)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise LinnetError(f"measuring the matrix-product rate failed: {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.splitlines()[-1])
+    return measure_in_process("linnet.bench.arithmetic", [dtype, str(size), str(passes)], env,
+                              f"{dtype} matrix-product rate", log)
 
 
 def flops_per_token(spec: ModelSpec) -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from linnet.bench.protocol import PEERS, Job
+from linnet.bench.machine import measure_apart as measure_in_process
 from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
 from linnet.gguf.format import GGUFFile
@@ -53,12 +53,7 @@ def measure(buffer_bytes: int = BUFFER_BYTES, passes: int = PASSES) -> list[floa
 def measure_apart(env: dict[str, str], log: Any = sys.stderr, buffer_bytes: int = BUFFER_BYTES,
                   passes: int = PASSES) -> list[float]:
     """``measure`` in a process of its own with ``env``, as the bench's workers run."""
-    print("linnet bench: measuring the read bandwidth ...", file=log, flush=True)
-    command = [sys.executable, "-P", "-m", "linnet.bench.bandwidth", str(buffer_bytes), str(passes)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise LinnetError(f"measuring the read bandwidth failed: {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.splitlines()[-1])
+    return measure_in_process("linnet.bench.bandwidth", [str(buffer_bytes), str(passes)], env, "read bandwidth", log)
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,16 @@ Read without importing torch, so the parent never touches an accelerator the wor
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
+import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
+
+from linnet.errors import LinnetError
 
 
 def cpu_model() -> str | None:
@@ -45,3 +51,13 @@ def versions() -> dict[str, str]:
             pass
     out["Python"] = platform.python_version()
     return out
+
+
+def measure_apart(module: str, args: list[str], env: dict[str, str], what: str, log: Any) -> list[float]:
+    """``python -m module args`` in a process of its own with ``env`` (started as the workers or servers
+    are), whose last line is a JSON list of samples; ``what`` names it in the progress line and errors."""
+    print(f"linnet bench: measuring the {what} ...", file=log, flush=True)
+    done = subprocess.run([sys.executable, "-P", "-m", module, *args], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise LinnetError(f"measuring the {what} failed: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.splitlines()[-1])

@@ -28,7 +28,6 @@ from linnet.model import open_model, open_spec, resolve
 from linnet.registry.schema import Protocol, Serving
 from linnet.results import SERVING_GROUP, Against, Machine, Metric, Results, Row
 
-GROUP = SERVING_GROUP
 PROMPT_SEED = 0
 
 
@@ -90,8 +89,8 @@ def serve_one(spec: str, model: str, hf_dir: Path | None, profile: ServingProfil
     try:
         row_id, name, linnet = server_ids(spec)
     except NotRunnable as e:
-        return Row(spec, GROUP, spec, not_run=str(e))
-    row = Row(row_id, GROUP, name, linnet=linnet)
+        return Row(spec, SERVING_GROUP, spec, not_run=str(e))
+    row = Row(row_id, SERVING_GROUP, name, linnet=linnet)
     port = free_port()
     try:
         server = make_server(spec, model, hf_dir, port, profile.positions, profile.concurrency, profile.requests,
