@@ -23,7 +23,10 @@ cache rows, ``P`` cache positions. Inputs:
                in ``Program.quantized`` is block-quantised instead (``linnet.quantize``): ``q8_0``,
                ``q4_0`` or ``q4_1``, llama.cpp's blocks of 32 along its in-axis, each an f16 scale d (and
                for q4_1 an f16 min m) and 32 codes q: w = d * q (q8_0, q int8), d * (q - 8) (q4_0,
-               q in 0..15), d * q + m (q4_1); an op reads it as those values, in ``act``
+               q in 0..15), d * q + m (q4_1); an op reads it as those values, in ``act``. With
+               ``Program.int8_activations``, a linear op on such a matrix first rounds x to int8 per
+               block of 32 (scale max|x| / 127, to nearest) as llama.cpp does, and multiplies the codes
+               by those values; a q4_1 block's min multiplies the block's sum of x as it is
 
 and it computes
 
@@ -127,6 +130,7 @@ class Program:
     folded: tuple[tuple[str, str, str], ...] = ()
     # Matrices stored block-quantised: (section, weight, form), sections as in ``folded``.
     quantized: tuple[tuple[str, str, str], ...] = ()
+    int8_activations: bool = False  # products with those matrices round x to int8 first (the docstring)
 
     def sections(self) -> dict[str, Section]:
         return {"embed": self.embed, "layer": self.layer, "head": self.head}
@@ -395,8 +399,9 @@ def fold_norm_weights(program: Program) -> Program:
     return _checked(replace(program, layer=layer, head=head, folded=program.folded + tuple(folded)))
 
 
-def quantize_weights(program: Program, forms: dict[tuple[str, str], str]) -> Program:
-    """Store the matrices ``forms`` names, (section, weight) -> form, block-quantised in that form."""
+def quantize_weights(program: Program, forms: dict[tuple[str, str], str], int8_activations: bool = False) -> Program:
+    """Store the matrices ``forms`` names, (section, weight) -> form, block-quantised in that form; with
+    ``int8_activations``, their products round x to int8 per block first (the module's docstring)."""
     from linnet.quantize import BLOCK, check_form
 
     shapes = _weight_shapes(program)
@@ -406,7 +411,7 @@ def quantize_weights(program: Program, forms: dict[tuple[str, str], str]) -> Pro
             raise LinnetError(f"{section} weight {weight!r} ({shape}) is not a matrix of whole {BLOCK}-blocks")
         check_form(form, f"{section} weight {weight!r}")
     quantized = tuple((section, weight, form) for (section, weight), form in forms.items())
-    return _checked(replace(program, quantized=program.quantized + quantized))
+    return _checked(replace(program, quantized=program.quantized + quantized, int8_activations=int8_activations))
 
 
 def _readers(section: Section) -> dict[str, list[Op | None]]:
@@ -454,6 +459,8 @@ def format_program(program: Program) -> str:
         lines += [f"  {name} = concat({', '.join(parts)})" for name, parts in program.fused]
         lines += [f"  {section}: {w} *= {n} (columns)" for section, w, n in program.folded]
         lines += [f"  {section}: {w} in {form} blocks" for section, w, form in program.quantized]
+        if program.int8_activations:
+            lines.append("  products with blocks round x to int8 per block")
     if spec.tie_word_embeddings:
         lines.append("  lm_head = embed (tied)")
     return "\n".join(lines) + "\n"

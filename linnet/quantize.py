@@ -8,6 +8,8 @@ so a file's own tensors are used as they are and ``gguf.quants`` quantises and d
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
@@ -40,6 +42,27 @@ def dequantized(blocks: np.ndarray, form: str) -> np.ndarray:
     return dequantize(blocks, FORMS[form]).astype(np.float32, copy=False)
 
 
+def block_scales(blocks: np.ndarray, form: str) -> np.ndarray:
+    """A matrix's scales d [out, in / 32], float16 as stored."""
+    raw = blocks.reshape(blocks.shape[0], -1, BLOCK_BYTES[form])
+    return np.ascontiguousarray(raw[:, :, 0:2]).view(np.float16)[..., 0]
+
+
+def block_mins(blocks: np.ndarray) -> np.ndarray:
+    """A q4_1 matrix's mins m [out, in / 32], float16 as stored."""
+    raw = blocks.reshape(blocks.shape[0], -1, BLOCK_BYTES["q4_1"])
+    return np.ascontiguousarray(raw[:, :, 2:4]).view(np.float16)[..., 0]
+
+
+def int8_rounded(x: np.ndarray) -> np.ndarray:
+    """x [..., k] (k a multiple of 32) rounded to int8 per block of 32 along its last axis, scale
+    max|x| / 127 and to nearest, back as float32: what a product with int8 activations multiplies."""
+    blocks = x.astype(np.float32).reshape(*x.shape[:-1], -1, BLOCK)
+    scale = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
+    safe = np.where(scale > 0, scale, np.float32(1))
+    return (np.round(blocks / safe) * scale).reshape(x.shape).astype(np.float32)
+
+
 # The converted-weights cache stores float types only: block bytes (an even count per block) travel as f16.
 def to_storage(blocks: np.ndarray) -> np.ndarray:
     return blocks.view(np.float16)
@@ -47,3 +70,37 @@ def to_storage(blocks: np.ndarray) -> np.ndarray:
 
 def from_storage(array: np.ndarray) -> np.ndarray:
     return array.view(np.uint8)
+
+
+def block_forms(program: Any, weights: Any, quantize: str) -> dict[tuple[str, str], str]:
+    """(section, matrix) -> block form of the matrices ``quantize`` puts in blocks: "none", none; a form
+    (``FORMS``), every matrix; "gguf", each matrix that ``weights`` (a GGUF file's) stores in a block form.
+    ``program`` is a ``linnet.program.Program``; the result goes to ``linnet.program.quantize_weights``."""
+    from linnet.program import infer_types
+
+    if quantize == "none":
+        return {}
+    types = infer_types(program)
+    matrices = {("layer" if section == "layer" else "head", name[2:]) for section, env in types.items()
+                for name, value in env.items() if name.startswith("w.") and len(value.shape) == 2}
+    if program.spec.tie_word_embeddings:
+        matrices.discard(("head", "lm_head"))  # it is the embedding
+    if quantize != "gguf":
+        return dict.fromkeys(sorted(matrices), check_form(quantize))
+    stored = getattr(weights, "blocks", {})  # name -> (form, bytes)
+    parts = dict(program.fused)
+    forms = {}
+    for section, name in sorted(matrices):
+        prefixes = [f"layers.{i}." for i in range(program.spec.num_layers)] if section == "layer" else [""]
+        found = {stored.get(prefix + part, ("",))[0] for prefix in prefixes for part in parts.get(name, (name,))}
+        if len(found) == 1 and found <= set(FORMS):
+            forms[section, name] = found.pop()
+    return forms
+
+
+def block_names(quantized: tuple[tuple[str, str, str], ...], num_layers: int) -> dict[str, str]:
+    """Each weight stored in blocks, by its full name (``layers.3.qkv``), and its form, from a program's
+    or weight plan's ``quantized`` (section, weight, form) entries."""
+    layers = [f"layers.{i}." for i in range(num_layers)]
+    return {prefix + name: form for section, name, form in quantized
+            for prefix in (layers if section == "layer" else [""])}

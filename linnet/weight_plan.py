@@ -58,18 +58,13 @@ def plan_weights(weights: Weights, plan: WeightPlan) -> dict[str, np.ndarray]:
     source was converted by this plan and code before."""
     key = f"{plan!r} by {code_identity(sys.modules[__name__], quantize)}"
     arrays = cached_arrays(weights.source, key, lambda: _apply(weights, plan))
-    stored = _quantized_names(weights.spec.num_layers, plan)
+    stored = quantize.block_names(plan.quantized, weights.spec.num_layers)
     return {name: quantize.from_storage(a) if name in stored else a for name, a in arrays.items()}
-
-
-def _quantized_names(layers: int, plan: WeightPlan) -> dict[str, str]:
-    return {prefix + name: form for section, name, form in plan.quantized
-            for prefix in ([f"layers.{i}." for i in range(layers)] if section == "layer" else [""])}
 
 
 def _apply(weights: Weights, plan: WeightPlan) -> dict[str, np.ndarray]:
     layers = [f"layers.{i}." for i in range(weights.spec.num_layers)]
-    wanted = _quantized_names(weights.spec.num_layers, plan)
+    wanted = quantize.block_names(plan.quantized, weights.spec.num_layers)
     parts_of = {prefix + name: [prefix + p for p in parts] for prefix in layers for name, parts in plan.fused}
     folded = {prefix + name for section, name, _ in plan.folded for prefix in (layers if section == "layer" else [""])}
     blocks = getattr(weights, "blocks", {})  # name -> (form, block bytes): tensors a file stores quantised

@@ -24,8 +24,9 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=int, default=1,
                         help="shard the model over N devices, tensor-parallel (xla:jax; default: 1)")
     parser.add_argument("--quantize", default=None, metavar="FORM",
-                        help="torch on a CPU: matrices in llama.cpp's blocks, q8_0, q4_0 or q4_1; gguf: a GGUF file's "
-                             "own Q8_0/Q4_0/Q4_1 matrices in their blocks; none (default: gguf with torch:inductor)")
+                        help="torch or onnx on a CPU: matrices in llama.cpp's blocks, q8_0, q4_0 or q4_1; gguf: a GGUF "
+                             "file's own Q8_0/Q4_0/Q4_1 matrices in their blocks; none (default: gguf with "
+                             "torch:inductor and onnx:cpu)")
 
 
 def make_runner(model: LoadedModel, args: argparse.Namespace, positions: int, rows: int = 1) -> Runner:

@@ -12,7 +12,16 @@ Tolerances (absolute, on logits), each against the same step computed another wa
   4-bit is checked against its own values only.)
 - Against llama.cpp on the same GGUF file: llama.cpp rounds the activations to 8 bits before each
   quantised product (tests/gguf/test_llamacpp.py), so near-ties can flip: along llama.cpp's own greedy
-  path, the same next token at >= 90% of positions.
+  path, the same next token at >= 90% of positions (85% with int8 activations of our own, below).
+
+onnx:cpu multiplies blocks with int8 activations (``Program.int8_activations``, as llama.cpp does).
+One product matches the interpreter's within 1e-5 (tests/backends/onnx/test_blocks.py), but a whole
+model has no elementwise bound: where two computations of x differ in the last bit, a value can round
+to the neighbouring int8 code, and later layers amplify it. The interpreter itself, given x moved by
+1e-6 (relative) before each rounding, moved its logits by up to 1.3% (q4_0) and 4.1% (q4_1) of
+max|logit| on the tiny models and 7% on SmolLM2's q8_0 (measured). So against its own program: 8% of
+max|logit| and the same greedy token at >= 75% of positions (measured 3.7% at most); against the
+dequantised values in float32, where the rounding of x itself adds: 15% (measured up to 9.1%).
 """
 from __future__ import annotations
 
@@ -22,6 +31,7 @@ import torch
 
 from checkpoints import Case, build_checkpoint
 from linnet.backends import CacheShape, create_runner
+from linnet.backends.onnx.export import onnx_program
 from linnet.backends.reference.interpreter import run_step
 from linnet.backends.torch.runner import torch_program
 from linnet.default_model import DEFAULT_MODEL
@@ -66,16 +76,25 @@ def reference_step(weights, program, ids: list[int]) -> np.ndarray:
     return run_step(program, arrays, inputs, (cache, [c.copy() for c in cache]))[0][0]
 
 
+# Each backend that runs blocks, and the program it runs (its blocks' arithmetic included).
+PROGRAMS = {
+    "torch:eager": lambda weights, form: torch_program(weights.spec, quantize=form, weights=weights),
+    "onnx:cpu": lambda weights, form: onnx_program(weights.spec, "f32", weights, form),
+}
+
+
 @pytest.mark.parametrize("form", ["q8_0", "q4_0", "q4_1"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_blocks_against_their_dequantised_values(case, form, checkpoint):
+@pytest.mark.parametrize("backend", sorted(PROGRAMS))
+def test_blocks_against_their_dequantised_values(backend, case, form, checkpoint):
     model = open_model(str(checkpoint(case)))
-    runner = create_runner("torch:eager", model.weights, CacheShape(1, 64), quantize=form)
+    runner = create_runner(backend, model.weights, CacheShape(1, 64), quantize=form)
     assert runner.describe()["blocks"] == form
     ours = runner.prefill(0, PROMPT, all_logits=True)
     # the Program's definition (the NumPy interpreter) on the same blocks
-    own = reference_step(model.weights, torch_program(model.spec, quantize=form), PROMPT)
-    assert np.abs(ours - own).max() <= 1e-4 * np.abs(own).max()
+    program = PROGRAMS[backend](model.weights, form)
+    own = reference_step(model.weights, program, PROMPT)
+    assert_close(ours, own, program.int8_activations)
     # transformers on the values the blocks stand for (blocks are row-local: quantising q, k and v apart
     # gives the rows of quantising their fused matrix)
     hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoint(case), dtype=torch.float32).eval()
@@ -84,7 +103,17 @@ def test_blocks_against_their_dequantised_values(case, form, checkpoint):
             if p.ndim == 2:
                 p.copy_(torch.from_numpy(dequantized(quantized(p.numpy(), form), form)))
         theirs = hf(torch.tensor([PROMPT])).logits[0].numpy()
-    assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
+    budget = 0.15 if program.int8_activations else 1e-4
+    assert np.abs(ours - theirs).max() <= budget * np.abs(theirs).max()
+
+
+def assert_close(ours: np.ndarray, own: np.ndarray, int8_activations: bool) -> None:
+    """Logits against the same program interpreted (the module's docstring for the budgets)."""
+    if not int8_activations:
+        assert np.abs(ours - own).max() <= 1e-4 * np.abs(own).max()
+        return
+    assert np.abs(ours - own).max() <= 0.08 * np.abs(own).max()
+    assert (ours.argmax(-1) == own.argmax(-1)).mean() >= 0.75
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -99,28 +128,34 @@ def test_q8_0_stays_near_the_unquantised_model(case, checkpoint):
     assert (ours.argmax(-1) == theirs.argmax(-1)).mean() >= 0.75
 
 
-def test_a_q8_0_gguf_file_runs_in_its_own_blocks(checkpoint, tmp_path):
+@pytest.mark.parametrize("backend", sorted(PROGRAMS))
+def test_a_q8_0_gguf_file_runs_in_its_own_blocks(backend, checkpoint, tmp_path):
     """Its llama q and k rows are stored permuted for llama.cpp's rotary: the blocks are put back too."""
     hf = open_model(str(checkpoint("llama-untied")))
     model = open_model(str(export_gguf(hf, tmp_path / "m.gguf", "q8_0")))
-    blocks = create_runner("torch:eager", model.weights, CacheShape(1, 64), quantize="gguf")
-    floats = create_runner("torch:eager", model.weights, CacheShape(1, 64), quantize="none")
+    blocks = create_runner(backend, model.weights, CacheShape(1, 64), quantize="gguf")
+    floats = create_runner(backend, model.weights, CacheShape(1, 64), quantize="none")
     assert blocks.describe()["blocks"] == "q8_0" and "blocks" not in floats.describe()
-    ours, own = (r.prefill(0, PROMPT, all_logits=True) for r in (blocks, floats))
-    assert np.abs(ours - own).max() <= 1e-4 * np.abs(own).max()
+    ours, floats = (r.prefill(0, PROMPT, all_logits=True) for r in (blocks, floats))
+    program = PROGRAMS[backend](model.weights, "gguf")
+    assert_close(ours, reference_step(model.weights, program, PROMPT), program.int8_activations)
+    budget = 0.15 if program.int8_activations else 1e-4  # the module's docstring
+    assert np.abs(ours - floats).max() <= budget * np.abs(floats).max()
 
 
 @pytest.mark.parametrize("bad", ["q5_k", "q4_k", "int4"])
-def test_a_block_form_the_cpu_path_cannot_run_is_named(bad, checkpoint):
+@pytest.mark.parametrize("backend", sorted(PROGRAMS))
+def test_a_block_form_the_cpu_path_cannot_run_is_named(backend, bad, checkpoint):
     weights = open_model(str(checkpoint("qwen2-tied"))).weights
     with pytest.raises(LinnetError, match=bad):
-        create_runner("torch:eager", weights, CacheShape(1, 16), quantize=bad)
+        create_runner(backend, weights, CacheShape(1, 16), quantize=bad)
 
 
-def test_a_matrix_of_partial_blocks_is_named(checkpoint_dir):
+@pytest.mark.parametrize("backend", sorted(PROGRAMS))
+def test_a_matrix_of_partial_blocks_is_named(backend, checkpoint_dir):
     weights = open_model(str(checkpoint_dir("qwen2-tied"))).weights  # hidden 48: not whole 32-blocks
     with pytest.raises(LinnetError, match="whole 32-blocks"):
-        create_runner("torch:eager", weights, CacheShape(1, 16), quantize="q8_0")
+        create_runner(backend, weights, CacheShape(1, 16), quantize="q8_0")
 
 
 # -- the default model, SmolLM2's Q4_1 file (its embedding and tied head in Q8_0) ----------------------
@@ -132,20 +167,27 @@ def smollm2():
     return model, prompt
 
 
-def test_the_default_model_runs_in_its_own_blocks(smollm2):
+@pytest.mark.parametrize("backend", sorted(PROGRAMS))
+def test_the_default_model_runs_in_its_own_blocks(backend, smollm2):
     _, prompt = smollm2
     model = open_model(DEFAULT_MODEL)  # fresh: nothing has read its weights as floats yet
-    blocks = create_runner("torch:eager", model.weights, CacheShape(1, 128), quantize="gguf")
+    blocks = create_runner(backend, model.weights, CacheShape(1, 128), quantize="gguf")
     assert blocks.describe()["blocks"] == "q4_1, q8_0"
     assert model.weights._floats is None  # the file was never widened to f32
-    assert "blocks" not in create_runner("torch:eager", model.weights, CacheShape(1, 8)).describe()  # eager's default
-    floats = create_runner("torch:eager", model.weights, CacheShape(1, 128), quantize="none")
+    # the default: eager would dequantise whole matrices at every step; ONNX Runtime multiplies blocks
+    default = create_runner(backend, model.weights, CacheShape(1, 8)).describe()
+    assert default.get("blocks") == (None if backend == "torch:eager" else "q4_1, q8_0")
+    floats = create_runner(backend, model.weights, CacheShape(1, 128), quantize="none")
     ours, own = (r.prefill(0, prompt, all_logits=True) for r in (blocks, floats))
-    assert np.abs(ours - own).max() <= 1e-4 * np.abs(own).max()
+    if PROGRAMS[backend](model.weights, "gguf").int8_activations:  # no elementwise bound (the docstring)
+        assert (ours.argmax(-1) == own.argmax(-1)).mean() >= 0.85  # measured 0.92
+    else:
+        assert np.abs(ours - own).max() <= 1e-4 * np.abs(own).max()
 
 
 @pytest.mark.llamacpp
-def test_the_default_model_in_its_blocks_agrees_with_llama_cpp(smollm2):
+@pytest.mark.parametrize("backend", sorted(PROGRAMS))
+def test_the_default_model_in_its_blocks_agrees_with_llama_cpp(backend, smollm2):
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     model, prompt = smollm2
     llm = llama_cpp.Llama(str(model.path), n_ctx=256, n_threads=2, logits_all=True, verbose=False)
@@ -155,9 +197,11 @@ def test_the_default_model_in_its_blocks_agrees_with_llama_cpp(smollm2):
         path.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
         llm.eval([path[-1]])
     theirs = np.array(llm.scores[: len(path) - 1])
-    runner = create_runner("torch:eager", model.weights, CacheShape(1, 128), quantize="gguf")
+    runner = create_runner(backend, model.weights, CacheShape(1, 128), quantize="gguf")
     ours = runner.prefill(0, path[:-1], all_logits=True)
-    assert (ours.argmax(-1) == theirs.argmax(-1)).mean() >= 0.9
+    # int8 activations round as llama.cpp's do, but flip apart from its (the docstring): measured 0.87
+    agreement = 0.85 if PROGRAMS[backend](model.weights, "gguf").int8_activations else 0.9
+    assert (ours.argmax(-1) == theirs.argmax(-1)).mean() >= agreement
 
 
 @pytest.mark.slow

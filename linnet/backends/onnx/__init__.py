@@ -12,4 +12,5 @@ PACKAGE = BackendPackage(
     compile_targets=(("onnx", "linnet.backends.onnx.export:write"),),
     threads="linnet.backends.onnx.setup:set_threads",
     prepare="linnet.backends.onnx.setup:prepare",
+    options=("quantize",),
 )

@@ -40,7 +40,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from linnet.backends.onnx.blocks import BITS, PARTS
 from linnet.program import Op, Program
+from linnet.quantize import BLOCK, block_names
 
 OPSET = 18
 ONNX_TYPES = {"f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16,
@@ -53,6 +55,15 @@ class GraphOptions:
     variant: str = "plain"  # "plain" | "ort"
     compute: str | None = None  # the dtype ops run in; None: the run dtype
     attention: str = "gather"  # "gather" | "gqa" (see the module's docstring)
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    """A matrix [n, k] in one of llama.cpp's block forms, as MatMulNBits' initializers (``blocks.PARTS``)."""
+    form: str
+    n: int
+    k: int
+    parts: dict[str, str]  # part -> initializer name
 
 
 class _Emitter:
@@ -75,6 +86,9 @@ class _Emitter:
         self._flat: dict[str, tuple[str, int]] = {}  # a per-head value not yet reshaped -> (its flat value, heads)
         self._appended: dict[str, tuple[str, str]] = {}  # gqa: a cache's output -> (the cache, the flat new values)
         self._residuals: set[str] = set()  # sums of the residual stream, in the run dtype
+        self.blocks: dict[str, BlockWeight] = {}  # a weight's name -> its blocks, for a matrix in blocks
+        # MatMulNBits' accuracy level 4 rounds x to int8 per block, as Program.int8_activations defines
+        self.block_accuracy = 4 if program.int8_activations else 0
 
     def emit_section(self, section, env: dict[str, str], weight) -> None:
         for op in section.ops:
@@ -135,6 +149,8 @@ class _Emitter:
         env.update(zip(op.outs, outs if isinstance(outs, list) else [outs]))
 
     def op_embedding(self, op: Op, tokens: str, table: str) -> str:
+        if table in self.blocks:
+            return self._block_gather(self.blocks[table], tokens)
         return self.node("Gather", [table, tokens], "x", axis=0)
 
     def op_rms_norm(self, op: Op, x: str, w: str) -> str:
@@ -158,6 +174,9 @@ class _Emitter:
         return self.rounded(self.node("Mul", [w, normed], "norm"))
 
     def op_linear(self, op: Op, x: str, w: str, b: str | None = None) -> str:
+        if w in self.blocks:
+            y = self._block_matmul(self.blocks[w], x)
+            return self.rounded(self.node("Add", [y, b], "biased") if b else y)
         if self.contrib:  # [..., in] x [out, in]^T, any leading axes
             y = self.node("FusedMatMul", [x, w], "matmul", domain="com.microsoft", transB=1)
             return self.rounded(self.node("Add", [y, b], "biased") if b else y)
@@ -243,6 +262,34 @@ class _Emitter:
 
     def op_cast(self, op: Op, x: str) -> str:
         return x if self.compute == op.attrs["dtype"] else self.cast(x, op.attrs["dtype"], "logits")
+
+    def _block_matmul(self, w: BlockWeight, x: str) -> str:
+        """x [R, T, k] times a matrix in blocks: com.microsoft MatMulNBits on its codes (``blocks``); for
+        q4_1, plus each block's min times the block's sum of x."""
+        zero_points = [w.parts["zero_points"]] if "zero_points" in w.parts else []
+        y = self.node("MatMulNBits", [x, w.parts["codes"], w.parts["scales"], *zero_points], "matmul_blocks",
+                      domain="com.microsoft", K=w.k, N=w.n, bits=BITS[w.form], block_size=BLOCK,
+                      accuracy_level=self.block_accuracy)
+        if "mins" not in w.parts:
+            return y
+        per_block = self.node("Reshape", [x, self.ints(0, 0, w.k // BLOCK, BLOCK)], "x_blocks")
+        sums = self.node("ReduceSum", [per_block, self.ints(-1)], "x_block_sums", keepdims=0)
+        mins = self.node("FusedMatMul", [sums, w.parts["mins"]], "matmul_mins", domain="com.microsoft", transB=1)
+        return self.node("Add", [y, mins], "matmul_q4_1")
+
+    def _block_gather(self, w: BlockWeight, tokens: str) -> str:
+        """Rows of a matrix in blocks: com.microsoft GatherBlockQuantized on the codes MatMulNBits reads
+        ([n, k / 32, 32 * bits / 8], each block's scale on an axis of its own), then [R, T, k]."""
+        scales = self.node("Unsqueeze", [w.parts["scales"], self.ints(-1)], "embed_scales")
+        zero_points = []
+        if "zero_points" in w.parts:
+            zero_points = [self.const("embed_zero_points", np.zeros((w.n, w.k // BLOCK, 1), np.uint8))]
+        rows = self.node("GatherBlockQuantized", [w.parts["codes"], tokens, scales, *zero_points], "x_blocks",
+                         domain="com.microsoft", bits=BITS[w.form], block_size=BLOCK, gather_axis=0, quantize_axis=2)
+        if "mins" in w.parts:  # [R, T, k / 32, 32] + [R, T, k / 32, 1]
+            mins = self.node("Gather", [w.parts["mins"], tokens], "x_mins", axis=0)
+            rows = self.node("Add", [rows, self.node("Unsqueeze", [mins, self.ints(-1)], "x_mins_b")], "x_q4_1")
+        return self.node("Reshape", [rows, self.ints(0, 0, w.k)], "x")
 
     def _group_query_attention(self, q: str, cache_k: str, cache_v: str) -> str:
         """com.microsoft GroupQueryAttention: appends the new keys and values to the one-row cache at its
@@ -379,11 +426,26 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
     weights: dict[str, str] = {}  # initializer name -> plan name
     stored = program.dtype  # weights are stored in the run dtype, cast once where compute is wider
 
+    blocks = block_names(program.quantized, spec.num_layers)
+    if blocks and not e.contrib:
+        raise ValueError("matrices in blocks run on ONNX Runtime's contrib operators: they need the ort variant")
+    part_types = {"codes": TensorProto.UINT8, "zero_points": TensorProto.UINT8,
+                  "scales": ONNX_TYPES[e.compute], "mins": ONNX_TYPES[e.compute]}
+    types: dict[str, int] = {}  # an initializer's type where it is not the weights' dtype
+
     def weight(plan_name: str) -> str:
         def declare() -> str:
             name = "w." + plan_name
-            weights[name] = plan_name
             e._names.add(name)
+            if plan_name in blocks:  # its parts are the initializers; ``name`` only keys ``e.blocks``
+                parts = {p: f"{name}.{p}" for p in PARTS if f"{plan_name}.{p}" in weight_shapes}
+                for part, initializer in parts.items():
+                    weights[initializer], types[initializer] = f"{plan_name}.{part}", part_types[part]
+                    e._names.add(initializer)
+                n, k = weight_shapes[f"{plan_name}.scales"][0], weight_shapes[f"{plan_name}.scales"][1] * BLOCK
+                e.blocks[name] = BlockWeight(blocks[plan_name], n, k, parts)
+                return name
+            weights[name] = plan_name
             if e.compute == stored:
                 e.weight_shapes[name] = weight_shapes[plan_name]
                 return name
@@ -422,7 +484,7 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
     last.output[0] = "logits"
     e.nodes.append(helper.make_node("ArgMax", ["logits"], ["next_ids"], axis=-1, keepdims=0))
 
-    declared = [_declared(name, ONNX_TYPES[stored], weight_shapes[plan]) for name, plan in weights.items()]
+    declared = [_declared(name, types.get(name, ONNX_TYPES[stored]), weight_shapes[plan]) for name, plan in weights.items()]
     graph = helper.make_graph(e.nodes, f"linnet_{spec.architecture}_step", inputs, outputs,
                               initializer=[*rope, *e.constants, *declared])
     opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid("com.microsoft", 1)] if e.contrib else [])

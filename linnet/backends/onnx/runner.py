@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from linnet.backends.onnx import export, graph
+from linnet.backends.onnx import blocks, export, graph
 from linnet.backends.onnx.export import onnx_program, planned_arrays, write_graphs
 from linnet.backends.onnx.graph import GraphOptions
 from linnet.backends.onnx.setup import PROVIDERS, threads, unavailable
@@ -33,6 +33,8 @@ from linnet.backends.runner import CacheShape, Runner
 from linnet.dtypes import DTYPES
 from linnet.errors import BackendUnavailable, LinnetError
 from linnet.files import atomic_write
+from linnet.program import Program
+from linnet.quantize import check_form
 from linnet.sampling import Sampling, sample_host
 from linnet.spec import ModelSpec
 from linnet.weight_cache import cache_root, code_identity
@@ -62,7 +64,11 @@ class StepOutput:
 
 
 class OnnxRunner(Runner):
-    def __init__(self, weights: Weights, cache: CacheShape = CacheShape(), dtype: str = "f32", mode: str = "cpu"):
+    def __init__(self, weights: Weights, cache: CacheShape = CacheShape(), dtype: str = "f32", mode: str = "cpu",
+                 quantize: str | None = None):
+        """``quantize``: "none"; a block form for every matrix (``linnet.quantize.FORMS``); "gguf": the
+        matrices a GGUF file stores as Q8_0, Q4_0 or Q4_1, in those blocks; None (the default): "gguf" on
+        the CPU provider, else "none". Blocks run through ONNX Runtime's MatMulNBits on the CPU provider."""
         if mode not in PROVIDERS:
             raise LinnetError(f"unknown onnx mode {mode!r}; choose from {', '.join(PROVIDERS)}")
         reason = unavailable(mode)
@@ -73,21 +79,31 @@ class OnnxRunner(Runner):
         self.name, self.mode, self.dtype = f"onnx:{mode}", mode, dtype
         self.device = DEVICES[mode]
         self.options = graph_options(mode, dtype, weights.spec, cache)
+        if quantize is None:
+            quantize = "gguf" if mode == "cpu" else "none"
+        if quantize not in ("none", "gguf"):
+            check_form(quantize)
+        if quantize != "none" and mode != "cpu":
+            raise LinnetError(f"--quantize {quantize}: onnx runs weights in blocks on the CPU provider only, "
+                              f"not onnx:{mode}")
+        program = onnx_program(weights.spec, dtype, weights, quantize)
+        self.quantized = sorted({form for _, _, form in program.quantized})
         self._kept: tempfile.TemporaryDirectory | None = None
-        path = self._graph_file(weights, max(weights.spec.max_positions, cache.positions + 1))
+        path = self._graph_file(weights, program, max(weights.spec.max_positions, cache.positions + 1))
         self.session = self._session(path)
         self._bind_caches()
         self.load_time = weights.load_time + time.perf_counter() - start
 
     # -- load ------------------------------------------------------------------------------------
-    def _graph_file(self, weights: Weights, rope_positions: int) -> Path:
+    def _graph_file(self, weights: Weights, program: Program, rope_positions: int) -> Path:
         """The graph and its weights on disk, written on the first load and kept in Linnet's cache."""
-        program = onnx_program(weights.spec, self.dtype)
-        key = f"{weights.source}|{self.dtype}|{self.options}|{rope_positions}|{code_identity(graph, export)}"
+        key = (f"{weights.source}|{self.dtype}|{self.options}|{program.quantized}|{rope_positions}|"
+               f"{code_identity(graph, export, blocks)}")
+        float_type = DTYPES[self.options.compute or self.dtype].numpy
 
         def write(directory: Path) -> None:
             directory.mkdir(parents=True)
-            write_graphs(program, planned_arrays(weights, program), directory, rope_positions,
+            write_graphs(program, planned_arrays(weights, program, float_type), directory, rope_positions,
                          {GRAPH_FILE: self.options})
 
         if weights.source is None:  # weights made in memory: nothing to key a cache by
@@ -185,7 +201,8 @@ class OnnxRunner(Runner):
 
     def describe(self) -> dict:
         return {**super().describe(), "dtype": self.dtype, "provider": PROVIDERS[self.mode],
-                "graph": self.options.variant, "attention": self.options.attention, "threads": threads() or "default"}
+                "graph": self.options.variant, "attention": self.options.attention, "threads": threads() or "default",
+                **({"blocks": ", ".join(self.quantized)} if self.quantized else {})}
 
 
 def _contiguous(positions: np.ndarray) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from linnet.program import Op, Program, Section
-from linnet.quantize import dequantized
+from linnet.quantize import BLOCK, block_mins, block_names, dequantized, int8_rounded
 
 DTYPES = {"f32": np.float32, "i64": np.int64}
 
@@ -22,16 +22,22 @@ def run_step(
 ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
     """(logits [R, S, vocab], new cache_k per layer, new cache_v per layer); nothing is updated in place."""
     act = DTYPES[program.dtype]
+    rounded = _int8_products(program, weights)
     weights = _dequantized(program, weights)
     head_weights = {**weights, "lm_head": weights["embed"]} if program.spec.tie_word_embeddings else weights
-    (x,) = _run(program.embed, {}, inputs, lambda n: weights[n], act)
+    (x,) = _run(program.embed, {}, inputs, lambda n: weights[n], act, {})
     new_k, new_v = [], []
     for i, (cache_k, cache_v) in enumerate(zip(*caches)):
         params = {"x": x, "cache_k": cache_k, "cache_v": cache_v}
-        x, k, v = _run(program.layer, params, inputs, lambda n, i=i: weights[f"layers.{i}.{n}"], act)
+        prefix = f"layers.{i}."
+        x, k, v = _run(program.layer, params, inputs, lambda n, i=i: weights[f"layers.{i}.{n}"], act,
+                       {"w." + n[len(prefix):]: m for n, m in rounded.items() if n.startswith(prefix)})
         new_k.append(k)
         new_v.append(v)
-    (logits,) = _run(program.head, {"x": x}, inputs, lambda n: head_weights[n], act)
+    tied = program.spec.tie_word_embeddings
+    head_rounded = {"w." + ("lm_head" if tied and n == "embed" else n): m for n, m in rounded.items()
+                    if not n.startswith("layers.")}
+    (logits,) = _run(program.head, {"x": x}, inputs, lambda n: head_weights[n], act, head_rounded)
     return logits, new_k, new_v
 
 
@@ -47,11 +53,25 @@ def _dequantized(program: Program, weights: Mapping[str, np.ndarray]) -> Mapping
     return out
 
 
-def _run(section: Section, params: dict, inputs: Mapping[str, np.ndarray], weight: Callable, act: type) -> list:
+def _int8_products(program: Program, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray | None]:
+    """The matrices whose products round x to int8 (``Program.int8_activations``), by full name: their
+    q4_1 mins [out, in / 32], or None."""
+    if not program.int8_activations:
+        return {}
+    return {name: block_mins(weights[name]).astype(np.float32) if form == "q4_1" else None
+            for name, form in block_names(program.quantized, program.spec.num_layers).items()}
+
+
+def _run(section: Section, params: dict, inputs: Mapping[str, np.ndarray], weight: Callable, act: type,
+         int8_products: Mapping[str, np.ndarray | None]) -> list:
+    """``int8_products``: weights (``w.<name>``) whose products round x to int8, and their q4_1 mins."""
     env = {**inputs, **params}
     for op in section.ops:
         args = [weight(i[2:]) if i.startswith("w.") else env[i] for i in op.inputs]
-        outs = OPS[op.kind](op, act, *args)
+        if op.kind == "linear" and op.inputs[1] in int8_products:
+            outs = linear_int8(op, act, *args, mins=int8_products[op.inputs[1]])
+        else:
+            outs = OPS[op.kind](op, act, *args)
         env.update(zip(op.outs, outs if isinstance(outs, tuple) else (outs,)))
     return [env[r] for r in section.results]
 
@@ -65,6 +85,17 @@ def rms_norm(op: Op, act: type, x: np.ndarray, w: np.ndarray) -> np.ndarray:
 def linear(op: Op, act: type, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     y = x @ w.T
     return y if b is None else y + b
+
+
+def linear_int8(op: Op, act: type, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
+                mins: np.ndarray | None = None) -> np.ndarray:
+    """A product with a matrix in blocks under ``Program.int8_activations``: its codes meet x rounded to
+    int8 per block; a q4_1 matrix's mins [out, in / 32] meet each block's sum of x as it is."""
+    if mins is None:
+        return linear(op, act, int8_rounded(x), w, b)
+    codes_part = w - np.repeat(mins, BLOCK, axis=1)  # d * q
+    sums = x.reshape(*x.shape[:-1], -1, BLOCK).sum(axis=-1)
+    return linear(op, act, int8_rounded(x), codes_part, b) + sums @ mins.T
 
 
 def rotary(op: Op, act: type, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
