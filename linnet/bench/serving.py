@@ -1,5 +1,6 @@
-"""The serving benchmark: OpenAI-compatible servers, each started and stopped in turn, driven over HTTP by
-N requests of random prompt lengths and fixed new tokens, at most C in flight, timed at the client.
+"""The serving benchmark: servers (OpenAI-compatible ones, and Triton hosting linnet.serve), each started and
+stopped in turn, driven over HTTP by N requests of random prompt lengths and fixed new tokens, at most C in
+flight, timed at the client.
 
 Every server gets the same prompts (token ids drawn with a fixed seed) and must return exactly
 ``new_tokens`` tokens for each (greedy, the end-of-sequence token ignored). A row's ``serve_tok_s`` is all
@@ -22,7 +23,7 @@ import numpy as np
 from linnet.bench import arithmetic, machine
 from linnet.bench.harness import importable_here, worker_environment
 from linnet.bench.serving_client import ServingError, run_load
-from linnet.bench.serving_servers import NotRunnable, Running, free_port, make_server, server_ids
+from linnet.bench.serving_servers import TRITON_ROWS, NotRunnable, Running, free_port, make_server, server_ids
 from linnet.errors import LinnetError
 from linnet.model import open_model, open_spec, resolve
 from linnet.registry.schema import Protocol, Serving
@@ -102,10 +103,11 @@ def serve_one(spec: str, model: str, hf_dir: Path | None, profile: ServingProfil
     try:
         running.wait_ready()
         sent = prompts if server.token_ids else texts
-        run_load(running.url, server.model, sent[:1], 1, 1, server.body)  # a compiled server compiles here, once
+        run_load(running.url, server.model, sent[:1], 1, 1, server.body, server.api)  # a compiled server compiles here
         load_s = running.elapsed()
         print(f"linnet bench-serve: {spec} ready in {load_s:.1f} s; {profile.describe()}", file=log, flush=True)
-        load = run_load(running.url, server.model, sent, profile.new_tokens, profile.concurrency, server.body)
+        load = run_load(running.url, server.model, sent, profile.new_tokens, profile.concurrency, server.body,
+                        server.api)
     except (NotRunnable, ServingError) as e:
         row.not_run = f"failed: {e}" if isinstance(e, ServingError) else str(e)
         return row
@@ -144,13 +146,18 @@ def token_notes(timings: list[Any], profile: ServingProfile, prompts: list[list[
 
 
 def add_comparisons(rows: list[Row]) -> None:
-    """Each Linnet row against vLLM's throughput, or transformers' where vLLM did not run."""
+    """Each Linnet row against vLLM's throughput, or transformers' where vLLM did not run; a Triton row against
+    `linnet serve` on the same backend, where that ran: what hosting the engine in Triton costs."""
     ran = {r.id: r for r in rows if not r.not_run}
     peer = ran.get("vllm:serve") or ran.get("transformers:serve")
     for row in rows:
-        if row.linnet and row.id in ran and peer is not None:
-            ratio = row.value("serve_tok_s") / peer.value("serve_tok_s")
-            row.against = Against(peer.id, "serve_tok_s", round(ratio, 3))
+        if not row.linnet or row.id not in ran:
+            continue
+        hosted = row.id.startswith(TRITON_ROWS)
+        other = (ran.get("serve:" + row.id.removeprefix(TRITON_ROWS)) if hosted else None) or peer
+        if other is not None:
+            ratio = row.value("serve_tok_s") / other.value("serve_tok_s")
+            row.against = Against(other.id, "serve_tok_s", round(ratio, 3))
 
 
 def serving_results(model: str, model_id: str, servers: list[str], profile: ServingProfile, dtype: str,

@@ -1,9 +1,11 @@
-"""The load: streamed /v1/completions requests over HTTP, at most C in flight, timed at the client.
+"""The load: streamed requests over HTTP, at most C in flight, timed at the client.
 
-Each request's first token is the first streamed chunk carrying text (for a request whose tokens decode
-to no text at all, its closing chunk); its inter-token latencies are the gaps between its text chunks (a
-chunk is one token, unless the server holds back a piece of a character); its token count is the
-server's own usage count.
+A request is an OpenAI ``/v1/completions`` stream, or Triton's ``generate_stream`` (``/v2/models/NAME/
+generate_stream``, server-sent events, one per response of a decoupled model such as ``linnet triton``'s:
+``prompt_ids`` in, ``text_output``, ``finish_reason`` and the token counts out). Each request's first token
+is the first streamed chunk carrying text (for a request whose tokens decode to no text at all, its closing
+chunk); its inter-token latencies are the gaps between its text chunks (a chunk is one token, unless the
+server holds back a piece of a character); its token count is the server's own usage count.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 import httpx
 
 REQUEST_TIMEOUT_S = 3600.0  # a request waits behind the others in the queue: no time limit that matters
+OPENAI, TRITON = "openai", "triton"  # the streaming APIs a load speaks
 
 
 class ServingError(Exception):
@@ -43,31 +46,31 @@ class Load:
 
 
 def run_load(url: str, model: str, prompts: list[list[int] | str], new_tokens: int, concurrency: int,
-             extra: dict[str, Any]) -> Load:
-    return asyncio.run(_load(url, model, prompts, new_tokens, concurrency, extra))
+             extra: dict[str, Any], api: str = OPENAI) -> Load:
+    return asyncio.run(_load(url, model, prompts, new_tokens, concurrency, extra, api))
 
 
 async def _load(url: str, model: str, prompts: list[list[int] | str], new_tokens: int, concurrency: int,
-                extra: dict[str, Any]) -> Load:
+                extra: dict[str, Any], api: str) -> Load:
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
         async def one(prompt: list[int] | str) -> Timing:
             async with gate:
-                return await complete(client, model, prompt, new_tokens, extra)
+                return await complete(client, api, model, prompt, new_tokens, extra)
 
         start = time.perf_counter()
         timings = await asyncio.gather(*(one(p) for p in prompts))
         return Load(list(timings), time.perf_counter() - start)
 
 
-async def complete(client: httpx.AsyncClient, model: str, prompt: list[int] | str, new_tokens: int,
+async def complete(client: httpx.AsyncClient, api: str, model: str, prompt: list[int] | str, new_tokens: int,
                    extra: dict[str, Any]) -> Timing:
-    body = {"model": model, "prompt": prompt, "max_tokens": new_tokens, "stream": True, **extra}
+    path, body = request(api, model, prompt, new_tokens, extra)
     sent = time.perf_counter()
     arrivals: list[float] = []
     finished = usage = None
-    async with client.stream("POST", "/v1/completions", json=body) as response:
+    async with client.stream("POST", path, json=body) as response:
         if response.status_code != 200:
             answer = (await response.aread()).decode(errors="replace")
             raise ServingError(f"HTTP {response.status_code}: {answer[:300]}")
@@ -77,14 +80,38 @@ async def complete(client: httpx.AsyncClient, model: str, prompt: list[int] | st
             chunk = json.loads(line.removeprefix("data:"))
             if "error" in chunk:
                 raise ServingError(f"the stream ended in an error: {chunk['error']}")
-            choices = chunk.get("choices") or ()
-            if any(choice.get("text") for choice in choices):
+            text, finish, counts = read_chunk(api, chunk)
+            if text:
                 arrivals.append(time.perf_counter())
-            elif not arrivals and any(choice.get("finish_reason") for choice in choices):
+            elif not arrivals and finish:
                 finished = time.perf_counter()
-            usage = chunk.get("usage") or usage
+            usage = counts or usage
     first = arrivals[0] if arrivals else finished
     if usage is None or first is None:
         raise ServingError("the stream ended without " + ("its usage counts" if first else "any token"))
     return Timing(first - sent, [b - a for a, b in zip(arrivals, arrivals[1:])],
                   usage["completion_tokens"], usage["prompt_tokens"])
+
+
+def request(api: str, model: str, prompt: list[int] | str, new_tokens: int,
+            extra: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The path and JSON body of one streamed request."""
+    if api == TRITON:
+        return f"/v2/models/{model}/generate_stream", {"prompt_ids": prompt, "max_tokens": new_tokens, **extra}
+    return "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": new_tokens, "stream": True, **extra}
+
+
+def read_chunk(api: str, chunk: dict[str, Any]) -> tuple[bool, bool, dict[str, int] | None]:
+    """Whether a streamed chunk carries text, whether it ends the request, and the usage counts it gives."""
+    if api == TRITON:  # every response has every output; the counts are filled in the last one
+        finish = bool(chunk.get("finish_reason"))
+        counts = {key: single(chunk[key]) for key in ("completion_tokens", "prompt_tokens")} if finish else None
+        return bool(chunk.get("text_output")), finish, counts
+    choices = chunk.get("choices") or ()
+    return (any(choice.get("text") for choice in choices), any(choice.get("finish_reason") for choice in choices),
+            chunk.get("usage"))
+
+
+def single(value: int | list[int]) -> int:
+    """A one-element output, which Triton's JSON gives as the value or as a list of it."""
+    return int(value[0] if isinstance(value, list) else value)

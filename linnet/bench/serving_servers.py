@@ -1,15 +1,17 @@
 """The servers ``linnet bench-serve`` drives: how each one starts, what its requests need, and its process
 on a free loopback port, with its load time and peak memory.
 
-A server is named ``linnet:BACKEND`` (``linnet serve`` on a registry backend), ``transformers`` (``transformers
-serve`` with continuous batching, from the Python running Linnet) or ``vllm`` (vLLM's OpenAI server, run by
-the Python named in ``$LINNET_VLLM_PYTHON``: vLLM's CPU build pins its own torch, so it lives in a virtual
-environment of its own).
+A server is named ``linnet:BACKEND`` (``linnet serve`` on a registry backend), ``triton:BACKEND`` (``tritonserver``
+on the repository ``linnet triton`` writes, hosting linnet.serve's engine on that backend, driven through
+Triton's HTTP ``generate_stream``), ``transformers`` (``transformers serve`` with continuous batching, from the
+Python running Linnet) or ``vllm`` (vLLM's OpenAI server, run by the Python named in ``$LINNET_VLLM_PYTHON``:
+vLLM's CPU build pins its own torch, so it lives in a virtual environment of its own).
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,12 +27,14 @@ import httpx
 
 from linnet.backends.registry import backend_ids, get_backend
 from linnet.bench.harness import importable_here, worker_environment
+from linnet.bench.serving_client import OPENAI, TRITON
 from linnet.dtypes import DTYPES
 
 START_TIMEOUT_S = 900.0  # a compiled backend compiles before it listens: minutes on a small CPU
 STOP_TIMEOUT_S = 30.0
 MEMORY_SAMPLE_S = 0.2
 VLLM_MEMORY_SHARE = 0.2
+TRITON_ROWS = "triton:linnet:"  # + BACKEND: the id of a row of Triton hosting linnet.serve
 # Greedy, every new token whatever it is, and the usage counts at the end of the stream (vLLM's extension).
 STREAMED_GREEDY = {"temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}}
 
@@ -53,6 +57,9 @@ class Server:
     body: dict[str, Any]  # fields that make it greedy and return exactly the new tokens
     notes: list[str] = field(default_factory=list)
     memory_is_setting: bool = False  # reserves a KV-cache pool sized by a setting, not by the load
+    api: str = OPENAI  # how its requests stream (linnet.bench.serving_client)
+    health: str = "/health"  # answers 200 once it serves
+    scratch: Path | None = None  # files of its own (a Triton repository), removed when it stops
 
 
 def server_ids(spec: str) -> tuple[str, str, bool]:
@@ -61,11 +68,15 @@ def server_ids(spec: str) -> tuple[str, str, bool]:
         backend = spec.removeprefix("linnet:")
         display = get_backend(backend).display if backend in backend_ids() else backend
         return f"serve:{backend}", f"linnet.serve, {display}", True
+    if spec.startswith("triton:"):
+        backend = spec.removeprefix("triton:")
+        display = get_backend(backend).display if backend in backend_ids() else backend
+        return TRITON_ROWS + backend, f"Triton hosting linnet.serve, {display}", True
     if spec == "transformers":
         return "transformers:serve", "transformers serve", False
     if spec == "vllm":
         return "vllm:serve", "vLLM serve", False
-    known = ", ".join(["linnet:BACKEND", "transformers", "vllm"])
+    known = ", ".join(["linnet:BACKEND", "triton:BACKEND", "transformers", "vllm"])
     raise NotRunnable(f"unknown server {spec!r} (known: {known})")
 
 
@@ -76,9 +87,11 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
     env = worker_environment(threads, "inherit")
     address = ["--host", "127.0.0.1", "--port", str(port)]
     if linnet:
-        backend = spec.removeprefix("linnet:")
+        backend = spec.split(":", 1)[1]
         if backend not in backend_ids():
             raise NotRunnable(f"no Linnet backend {backend!r} (known: {', '.join(backend_ids())})")
+        if spec.startswith("triton:"):
+            return triton_server(row_id, name, backend, model, port, positions, rows, queue, dtype, threads, env)
         command = [sys.executable, "-P", "-m", "linnet", "serve", model, "--backend", backend, "--dtype", dtype,
                    "--threads", str(threads), "--rows", str(rows), "--positions", str(positions),
                    "--max-queue", str(queue), *address]
@@ -119,6 +132,26 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
                   memory_is_setting=True)
 
 
+def triton_server(row_id: str, name: str, backend: str, model: str, port: int, positions: int, rows: int,
+                  queue: int, dtype: str, threads: int, env: dict[str, str]) -> Server:
+    """tritonserver on a repository that ``linnet triton`` writes with the settings `linnet serve` gets."""
+    from linnet.triton import Settings, server, write_repository
+
+    reason = server.missing()
+    if reason:
+        raise NotRunnable(reason)
+    local = Path(model)
+    settings = Settings(str(local.resolve()) if local.exists() else model, backend, dtype, rows, positions, queue,
+                        threads)
+    scratch = Path(tempfile.mkdtemp(prefix="linnet-bench-triton-"))
+    write_repository(scratch / "repository", "linnet", settings)
+    command = server.command(scratch / "repository", scratch, port, free_port(), free_port())
+    return Server(row_id, name, True, command, server.environment(importable_here(env)), "linnet", True,
+                  {"ignore_eos": True}, [f"{rows} fixed cache rows of {positions} positions",
+                                         "Triton's HTTP generate_stream (server-sent events), greedy"],
+                  api=TRITON, health="/v2/health/ready", scratch=scratch)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -143,13 +176,13 @@ class Running:
         return time.perf_counter() - self.started
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Until /health answers 200; raises NotRunnable if the server exits first or never does."""
+        """Until its health path answers 200; raises NotRunnable if the server exits first or never does."""
         deadline = self.started + timeout_s
         while time.perf_counter() < deadline:
             if self.process.poll() is not None:
                 raise NotRunnable(f"failed to start (exit {self.process.returncode}): {self.last_line()}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                if httpx.get(f"{self.url}{self.server.health}", timeout=2.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -173,6 +206,8 @@ class Running:
         self._sampler.join()
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)
+        if self.server.scratch:
+            shutil.rmtree(self.server.scratch, ignore_errors=True)
 
     def _sample_memory(self) -> None:
         while not self._stop.is_set():

@@ -1,4 +1,4 @@
-"""``linnet bench-serve``: OpenAI-compatible servers (linnet serve, transformers serve, vLLM), one at a time,
+"""``linnet bench-serve``: servers (linnet serve, Triton hosting it, transformers serve, vLLM), one at a time,
 each driven over HTTP by the same requests and timed at the client."""
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from linnet.results import save_results
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("bench-serve", help="measure OpenAI-compatible servers under many concurrent requests")
+    parser = sub.add_parser("bench-serve", help="measure servers under many concurrent requests")
     add_model_argument(parser)
     parser.add_argument("--server", action="append", metavar="SERVER",
-                        help="linnet:BACKEND, transformers or vllm (repeatable; default: linnet:torch:eager); "
-                             "the peers need MODEL as a Hugging Face directory (`linnet export hf`)")
+                        help="linnet:BACKEND, triton:BACKEND (tritonserver hosting linnet.serve), transformers or "
+                             "vllm (repeatable; default: linnet:torch:eager); the peers need MODEL as a Hugging Face "
+                             "directory (`linnet export hf`)")
     parser.add_argument("--profile", choices=tuple(PROFILES),
                         help="; ".join(f"{p.name}: {p.describe()}" for p in PROFILES.values()))
     parser.add_argument("--requests", type=whole(1), help="requests in all (default: the profile's)")

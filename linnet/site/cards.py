@@ -42,7 +42,7 @@ SPECS = (
     Spec("vs vLLM, serving", "serve_tok_s", Side(SERVING, "serve:*"), Side(SERVING, "vllm:batched")),
     Spec("exported, serving", "serve_tok_s",
          Side(SERVING, "vllm:batched:linnet-export"), Side(SERVING, "vllm:batched"), export=True),
-    Spec("vs vLLM, behind Triton", "serve_tok_s", Side(SERVING, "triton:linnet"), Side(SERVING, "triton:vllm")),
+    Spec("vs vLLM, behind Triton", "serve_tok_s", Side(SERVING, "triton:linnet*"), Side(SERVING, "triton:vllm")),
 )
 
 

@@ -5,6 +5,7 @@ Python must import linnet. The repository's config.pbtxt holds the settings (mod
 positions, max_queue, threads). One engine thread owns the model and batches every request in its cache
 rows; `execute` only submits, and a sender thread turns the engine's events into Triton responses, so
 neither waits on the other. Decoupled: one response per generated piece, the last with the final flag.
+The engine's rows busy, queue length and generated tokens appear on Triton's /metrics as linnet_* metrics.
 """
 import json
 import queue
@@ -21,6 +22,7 @@ from linnet.sampling import Sampling
 from linnet.serve import CANCELLED, ERROR, Engine, Params
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+METRICS_PERIOD_S = 0.25  # how often the engine's counts are copied into Triton's metrics
 
 
 class TritonPythonModel:
@@ -40,6 +42,10 @@ class TritonPythonModel:
         self.outbox = queue.Queue()  # (Reply, Event) from the engine thread, None to stop
         self.sender = threading.Thread(target=self._send, name="linnet-triton-sender", daemon=True)
         self.sender.start()
+        self.engine_metrics = EngineMetrics(args["model_name"])
+        self.stopping = threading.Event()
+        self.reporter = threading.Thread(target=self._report, name="linnet-triton-metrics", daemon=True)
+        self.reporter.start()
 
     def execute(self, requests):
         for request in requests:
@@ -56,11 +62,18 @@ class TritonPythonModel:
         self.engine.stop()  # ends every request still running or waiting
         self.outbox.put(None)
         self.sender.join()
+        self.stopping.set()
+        self.reporter.join()
+        self.engine_metrics.close()
 
     def _send(self):
         while (item := self.outbox.get()) is not None:
             reply, event = item
             reply.take(event)
+
+    def _report(self):
+        while not self.stopping.wait(METRICS_PERIOD_S):
+            self.engine_metrics.update(self.engine)
 
     def _read(self, request):
         """The prompt's ids, the request's Params and whether it streams, from its input tensors."""
@@ -93,6 +106,34 @@ class TritonPythonModel:
                         stop_ids=tuple(stop_ids.tolist()) if stop_ids is not None else (),
                         ignore_eos=scalar("ignore_eos", bool, False))
         return prompt, params, scalar("stream", bool, True)
+
+
+class EngineMetrics:
+    """The engine's counts as Triton metrics, labelled with the model's name."""
+
+    def __init__(self, model_name):
+        def metric(name, kind, description):
+            family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
+            self.families.append(family)
+            return family.Metric(labels={"model": model_name})
+
+        self.families = []  # each must outlive its metric (close)
+        self.rows_busy = metric("linnet_rows_busy", pb_utils.MetricFamily.GAUGE, "cache rows serving a request")
+        self.queue_length = metric("linnet_queue_length", pb_utils.MetricFamily.GAUGE, "requests waiting for a row")
+        self.generated = metric("linnet_generated_tokens_total", pb_utils.MetricFamily.COUNTER,
+                                "tokens generated, cancelled requests' included")
+        self.counted = 0
+
+    def update(self, engine):
+        self.rows_busy.set(engine.rows_busy)
+        self.queue_length.set(engine.queue_length)
+        generated = engine.metrics.generated_tokens
+        self.generated.increment(generated - self.counted)
+        self.counted = generated
+
+    def close(self):
+        del self.rows_busy, self.queue_length, self.generated
+        self.families.clear()
 
 
 class Reply:

@@ -55,7 +55,7 @@ def test_a_server_that_cannot_start_is_a_not_run_row(checkpoint_dir):
     failed, unknown = serving_rows(str(checkpoint_dir(CASE)), [SERVER, "bogus"], too_long, "f32", 1, io.StringIO())
     assert failed.id == "serve:reference:numpy" and not failed.metrics
     assert failed.not_run.startswith("failed to start (exit 2)") and "--positions 300" in failed.not_run
-    assert unknown.not_run == "unknown server 'bogus' (known: linnet:BACKEND, transformers, vllm)"
+    assert unknown.not_run == "unknown server 'bogus' (known: linnet:BACKEND, triton:BACKEND, transformers, vllm)"
 
 
 def test_peers_need_a_hugging_face_directory():

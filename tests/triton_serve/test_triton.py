@@ -112,7 +112,7 @@ def test_tritonserver_streams_the_engines_tokens(checkpoint_dir, tmp_path):
         pytest.skip(reason)
     repository = write_repository(checkpoint_dir, tmp_path)
     alone, fox = engine_alone(checkpoint_dir)
-    with tritonserver(repository, tmp_path) as (http, grpc):
+    with tritonserver(repository, tmp_path) as (http, grpc, _):
         streamed = grpc_streams(grpc)
         for i, expected in enumerate(alone):
             results = streamed[str(i)]
