@@ -29,6 +29,21 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
                              "torch:inductor and onnx:cpu)")
 
 
+def onnx_when_fastest(dtype: str) -> str | None:
+    """"onnx:cpu" where it is the fastest backend ready to run: ONNX Runtime installed, no GPU for torch,
+    f32 (its 16-bit graphs on a CPU round after every op). In the same bench on 2 cores it decoded
+    faster than inductor in f32 (SmolLM2 1.33x, Qwen2.5-0.5B's shapes 1.13x), served 2.5x torch:eager's
+    tokens, and needs no compiling; a GGUF file's blocks run in ONNX Runtime's int8 products
+    (docs/ONNX.md). None elsewhere."""
+    import torch
+
+    from linnet.backends.registry import get_backend
+
+    if dtype != "f32" or torch.cuda.is_available() or get_backend("onnx:cpu").unavailable() is not None:
+        return None
+    return "onnx:cpu"
+
+
 def make_runner(model: LoadedModel, args: argparse.Namespace, positions: int, rows: int = 1) -> Runner:
     if args.threads:
         get_backend(args.backend).package.set_threads(args.threads)
@@ -38,4 +53,4 @@ def make_runner(model: LoadedModel, args: argparse.Namespace, positions: int, ro
     return create_runner(args.backend, model.weights, CacheShape(rows, positions), dtype=args.dtype, **options)
 
 
-__all__ = ["add_model_argument", "add_runner_arguments", "make_runner", "open_model"]
+__all__ = ["add_model_argument", "add_runner_arguments", "make_runner", "onnx_when_fastest", "open_model"]

@@ -6,7 +6,7 @@ import os
 import sys
 
 from linnet.commands._checks import whole
-from linnet.commands._common import add_model_argument, add_runner_arguments, make_runner
+from linnet.commands._common import add_model_argument, add_runner_arguments, make_runner, onnx_when_fastest
 from linnet.errors import LinnetError
 from linnet.model import open_model
 
@@ -26,16 +26,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=handle, backend=None)  # None: default_backend()
 
 
-def default_backend() -> str:
-    """onnx:cpu where ONNX Runtime is installed and torch sees no GPU: its products of many rows ran 2.5x
+def default_backend(dtype: str = "f32") -> str:
+    """onnx:cpu where it is the fastest ready (``onnx_when_fastest``): its products of many rows ran 2.5x
     torch:eager's in the same bench (SmolLM2 on 2 cores, 339 against 134 tok/s; docs/SERVE.md); else
     torch:eager."""
-    import torch
-
-    from linnet.backends.registry import get_backend
-
-    cpu_only = not torch.cuda.is_available()
-    return "onnx:cpu" if cpu_only and get_backend("onnx:cpu").unavailable() is None else "torch:eager"
+    return onnx_when_fastest(dtype) or "torch:eager"
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -44,7 +39,7 @@ def handle(args: argparse.Namespace) -> int:
     from linnet.serve.app import create_app
     from linnet.serve.engine import Engine
 
-    args.backend = args.backend or default_backend()
+    args.backend = args.backend or default_backend(args.dtype)
     model = open_model(args.model)
     if model.tokenizer is None:
         raise LinnetError(f"{model.path} has no tokenizer.json; linnet serve needs one")

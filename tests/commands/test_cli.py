@@ -76,3 +76,17 @@ def test_reference_backend_runs_from_the_command_line(checkpoint_dir, capsys):
     assert main(["run", str(checkpoint_dir("qwen2-tied")), "--prompt", "x", "--backend", "reference:numpy",
                  "--dtype", "bf16"]) == 2
     assert "reference:numpy does not run bf16; it runs f32" in capsys.readouterr().err
+
+
+def test_run_picks_onnx_runtime_on_a_cpu_in_f32(checkpoint_dir, capsys):
+    """Without --backend: onnx:cpu where ONNX Runtime is installed and there is no GPU, in f32; in a
+    16-bit dtype its graphs would round after every op, so torch runs those."""
+    pytest.importorskip("onnxruntime")
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU: torch's backends come first")
+    model = str(checkpoint_dir("qwen3-gqa3"))
+    assert main(["run", model, "--prompt", "The quick", "--max-new-tokens", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["backend"] == "onnx:cpu"
+    assert main(["run", model, "--prompt", "The quick", "--max-new-tokens", "3", "--json", "--dtype", "bf16"]) == 0
+    assert json.loads(capsys.readouterr().out)["backend"].startswith("torch:")

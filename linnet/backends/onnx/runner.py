@@ -201,7 +201,7 @@ class OnnxRunner(Runner):
 
     def describe(self) -> dict:
         return {**super().describe(), "dtype": self.dtype, "provider": PROVIDERS[self.mode],
-                "graph": self.options.variant, "attention": self.options.attention, "threads": threads() or "default",
+                "graph": self.options.variant, "attention": self.options.attention, "threads": threads(),
                 **({"blocks": ", ".join(self.quantized)} if self.quantized else {})}
 
 

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
              "tensorrt": "TensorrtExecutionProvider"}
-_threads = 0  # ONNX Runtime's default: one per physical core
+_threads = 0  # 0: every CPU this process may run on (ONNX Runtime's own default counts physical cores only)
 
 
 def unavailable(mode: str) -> str | None:
@@ -27,7 +28,7 @@ def set_threads(n: int) -> None:
 
 
 def threads() -> int:
-    return _threads
+    return _threads or len(os.sched_getaffinity(0))
 
 
 def prepare(mode: str) -> None:
