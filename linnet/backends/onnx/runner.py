@@ -6,11 +6,15 @@ binding as both the step's input and its output: ScatterND writes the new keys a
 place, and nothing of the cache crosses to the host. The graph's ArgMax brings back only token ids for
 greedy rows; a sampled row's logits come to the host for ``linnet.sampling``.
 
-A one-row cache on the CPU provider (generation, benchmarks) runs the graph whose attention is
-GroupQueryAttention (``graph.GraphOptions.attention``): it appends at the row's length and reads only
-the valid part of the cache. Its steps must place their tokens contiguously; one that does not (the
-warm-up's tokens at the scratch position) runs a token at a time, in order of position, which is the
-same step: a query attends to positions up to its own, which the earlier tokens have written.
+On the CPU provider attention is GroupQueryAttention (``graph.GraphOptions.attention``): it appends at
+each row's length and reads only the valid part of the cache, but its batch is the cache buffer's rows
+in order. So the caches are host arrays, and a step binds the window of cache rows from its lowest row
+to its highest (views: nothing is copied), the window's rows the step does not name writing the scratch
+position, as idle rows do. A prompt chunk is a window of one row; a decode step over the engine's rows
+(filled from row 0) is the rows it runs. A step must place each row's tokens contiguously; one that
+does not (the warm-up's tokens at the scratch position) runs a token at a time, in order of position,
+which is the same step: a query attends to positions up to its own, which the earlier tokens have
+written; so does a step of several rows of several tokens, a row at a time.
 """
 from __future__ import annotations
 
@@ -48,9 +52,9 @@ def graph_options(mode: str, dtype: str, spec: ModelSpec, cache: CacheShape) -> 
     """The graph a provider runs best: contrib ops for ONNX Runtime's own kernels, plain ONNX for
     TensorRT (which parses standard operators only); bfloat16 on the CPU provider, which has no
     bfloat16 products, held in float32 and rounded to bfloat16 after every op; GroupQueryAttention
-    for a one-row cache on the CPU provider (whose kernel takes head sizes in multiples of 8)."""
+    on the CPU provider (whose kernel takes head sizes in multiples of 8)."""
     variant = "plain" if mode == "tensorrt" else "ort"
-    gqa = mode == "cpu" and cache.rows == 1 and spec.head_dim % 8 == 0
+    gqa = mode == "cpu" and spec.head_dim % 8 == 0
     return GraphOptions(variant, "f32" if (mode == "cpu" and dtype == "bf16") else None, "gqa" if gqa else "gather")
 
 
@@ -58,9 +62,11 @@ def graph_options(mode: str, dtype: str, spec: ModelSpec, cache: CacheShape) -> 
 class StepOutput:
     logits: Any  # [R, S, vocab] f32: an OrtValue on the provider's device, or a host array
     ids: np.ndarray  # [R, S] i64: each selected token's argmax
+    index: np.ndarray | None = None  # the step's rows within ``logits`` (a window's), if not all in order
 
     def host_logits(self) -> np.ndarray:
-        return self.logits if isinstance(self.logits, np.ndarray) else self.logits.numpy()
+        logits = self.logits if isinstance(self.logits, np.ndarray) else self.logits.numpy()
+        return logits if self.index is None else logits[self.index]
 
 
 class OnnxRunner(Runner):
@@ -149,28 +155,57 @@ class OnnxRunner(Runner):
         dtype = DTYPES[self.options.compute or self.dtype].numpy
         self.binding = self.session.io_binding()
         self._bind_results()  # first: a rebound name keeps its place, so the results stay outputs 0 and 1
-        self.caches = []
-        for name in (i.name for i in self.session.get_inputs() if i.name.startswith("cache_")):
-            value = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), self.device, 0)
+        self.cache_names = [i.name for i in self.session.get_inputs() if i.name.startswith("cache_")]
+        if self.options.attention == "gqa":  # host arrays, bound a window of rows at a time (_window)
+            self.caches = [np.zeros(shape, dtype) for _ in self.cache_names]
+            self._bound: tuple[int, int] | None = None
+            return
+        self.caches = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), self.device, 0)
+                       for _ in self.cache_names]
+        self._bind_cache_values(self.caches)
+
+    def _bind_cache_values(self, values: list[Any]) -> None:
+        for name, value in zip(self.cache_names, values):
             self.binding.bind_ortvalue_input(name, value)
             self.binding.bind_ortvalue_output(f"{name}.out", value)
-            self.caches.append(value)
 
     # -- the step --------------------------------------------------------------------------------
     def _forward(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray | None):
         if select is None:
             select = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int64), tokens.shape)
-        if self.options.attention == "gqa" and not _contiguous(positions[0]):
+        if self.options.attention != "gqa":
+            return self._run(tokens, positions, rows, select)
+        if tokens.shape[1] > 1 and len(rows) > 1:
+            return _stacked([self._forward(tokens[i:i + 1], positions[i:i + 1], rows[i:i + 1], select[i:i + 1])
+                             for i in range(len(rows))])
+        if not _contiguous(positions[0]):
             return self._forward_each(tokens, positions, rows, select)
-        return self._run(tokens, positions, rows, select)
+        return self._window(tokens, positions, rows, select)
 
     def _forward_each(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray):
         """A one-row step with scattered positions, a token at a time in order of position."""
         steps = {}
         for t in np.argsort(positions[0], kind="stable"):
-            steps[t] = self._run(tokens[:, t:t + 1], positions[:, t:t + 1], rows, np.zeros((1, 1), np.int64))
+            steps[t] = self._window(tokens[:, t:t + 1], positions[:, t:t + 1], rows, np.zeros((1, 1), np.int64))
         logits = np.stack([steps[t].host_logits()[:, 0] for t in select[0]], axis=1)
         return StepOutput(logits, np.stack([steps[t].ids[:, 0] for t in select[0]], axis=1))
+
+    def _window(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray) -> StepOutput:
+        """The step on the cache rows min(rows)..max(rows), bound as views; the window's other rows idle."""
+        first, last = int(rows.min()), int(rows.max()) + 1
+        if self._bound != (first, last):
+            self._bind_cache_values([ort.OrtValue.ortvalue_from_numpy(c[first:last]) for c in self.caches])
+            self._bound = (first, last)
+        slot = rows - first
+        if last - first == len(rows) and (slot == np.arange(len(rows))).all():
+            return self._run(tokens, positions, rows, select)
+        size = last - first  # only one-token steps get here (several tokens of several rows go a row at a time)
+        full_tokens = np.zeros((size, 1), np.int64)
+        full_positions = np.full((size, 1), self.scratch_position, np.int64)
+        full_select = np.zeros((size, select.shape[1]), np.int64)
+        full_tokens[slot], full_positions[slot], full_select[slot] = tokens, positions, select
+        out = self._run(full_tokens, full_positions, np.arange(first, last, dtype=np.int64), full_select)
+        return StepOutput(out.logits, out.ids[slot], slot)
 
     def _run(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray) -> StepOutput:
         inputs = {"tokens": tokens, "positions": positions, "rows": rows, "select": select}
@@ -203,6 +238,11 @@ class OnnxRunner(Runner):
         return {**super().describe(), "dtype": self.dtype, "provider": PROVIDERS[self.mode],
                 "graph": self.options.variant, "attention": self.options.attention, "threads": threads(),
                 **({"blocks": ", ".join(self.quantized)} if self.quantized else {})}
+
+
+def _stacked(steps: list[StepOutput]) -> StepOutput:
+    """Steps of one row each as one step of their rows, in order."""
+    return StepOutput(np.concatenate([s.host_logits() for s in steps]), np.concatenate([s.ids for s in steps]))
 
 
 def _contiguous(positions: np.ndarray) -> bool:

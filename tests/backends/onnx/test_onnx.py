@@ -5,6 +5,8 @@ missing a kernel is named at load; GPU providers report themselves unavailable h
 caches; the one-row caches' GroupQueryAttention graph is checked against transformers here.)"""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -81,10 +83,15 @@ def test_a_greedy_step_brings_back_ids_from_the_graph(checkpoint_dir):
 
 
 @pytest.mark.parametrize("case", ["llama-gqa3", "qwen3-gqa3"])  # q/k/v packed into the kernel; q/k norm before it
-def test_a_one_row_cache_runs_group_query_attention_to_the_general_graphs_logits(checkpoint_dir, case):
+def test_group_query_attention_over_windows_of_rows_gives_the_general_graphs_logits(checkpoint_dir, case,
+                                                                                    monkeypatch):
     weights = open_model(str(checkpoint_dir(case))).weights
     one, two = (create_runner("onnx:cpu", weights, CacheShape(rows, 32)) for rows in (1, 2))
-    assert one.describe()["attention"] == "gqa" and two.describe()["attention"] == "gather"
+    assert one.describe()["attention"] == two.describe()["attention"] == "gqa"
+    general = onnx_runner.graph_options
+    monkeypatch.setattr(onnx_runner, "graph_options", lambda *a: replace(general(*a), attention="gather"))
+    gather = create_runner("onnx:cpu", weights, CacheShape(2, 32))
+    assert gather.describe()["attention"] == "gather"
     tokens = [5, 17, 101, 42, 250, 7, 9, 33, 61]
 
     def run(runner, idle: list[int]) -> list[np.ndarray]:
@@ -94,8 +101,22 @@ def test_a_one_row_cache_runs_group_query_attention_to_the_general_graphs_logits
         step = runner._forward(np.array([[8, 9, 10]]), np.array([[14, 11, 13]]), np.array([0]), np.array([[2, 0]]))
         return [*out, step.host_logits(), step.ids]
 
-    for got, want in zip(run(one, []), run(two, [0])):
-        assert got.shape == want.shape and np.abs(got - want).max() <= 1e-4
+    want = run(gather, [0])
+    for runner, idle in ((one, []), (two, [0])):
+        for got, expected in zip(run(runner, idle), want):
+            assert got.shape == expected.shape and np.abs(got - expected).max() <= 1e-4
+
+
+def test_a_window_of_rows_leaves_the_rows_outside_it_alone(checkpoint_dir):
+    """Row 2 decodes alone: the window is that row; rows 0, 1 and 3 keep their caches."""
+    runner = create_runner("onnx:cpu", open_model(str(checkpoint_dir(CASE))).weights, CacheShape(4, 32))
+    for row in range(4):
+        runner.prefill(row, [5 + row, 17, 101])
+    before = [c.copy() for c in runner.caches]
+    runner.decode([0, 0, 42, 0], [False, False, True, False])
+    for old, new in zip(before, runner.caches):
+        assert np.array_equal(old[[0, 1, 3], :, :runner.scratch_position], new[[0, 1, 3], :, :runner.scratch_position])
+        assert not np.array_equal(old[2], new[2])  # position 3 of row 2 was written
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
