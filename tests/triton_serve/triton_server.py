@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -40,7 +41,8 @@ def tritonserver(repository: Path, work: Path, timeout: float = 120.0) -> Iterat
     log = work / "tritonserver.log"
     with open(log, "w") as out:
         process = subprocess.Popen(server.command(repository, work, http, grpc, metrics),
-                                   env=server.environment(dict(os.environ)), stdout=out, stderr=subprocess.STDOUT)
+                                   env=server.environment(dict(os.environ)), stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # its group holds the Python backend's stubs too
     try:
         wait_ready(process, f"http://127.0.0.1:{http}", log, timeout)
         yield f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}"
@@ -51,6 +53,10 @@ def tritonserver(repository: Path, work: Path, timeout: float = 120.0) -> Iterat
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        try:  # a stub that outlived its server would hold its model's memory
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def wait_ready(process: subprocess.Popen, url: str, log: Path, timeout: float) -> None:
