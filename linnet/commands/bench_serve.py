@@ -8,6 +8,7 @@ from pathlib import Path
 from linnet.bench.serving import PROFILES, ServingProfile, format_serving, serving_results
 from linnet.commands._checks import add_force_argument, whole
 from linnet.commands._common import add_model_argument
+from linnet.commands.serve import default_backend
 from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
 from linnet.files import check_output
@@ -20,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_argument(parser)
     parser.add_argument("--server", action="append", metavar="SERVER",
                         help="linnet:BACKEND, triton:BACKEND (tritonserver hosting linnet.serve), transformers or "
-                             "vllm (repeatable; default: linnet:torch:eager); the peers need MODEL as a Hugging Face "
+                             "vllm (repeatable; default: linnet serve's own default backend); the peers need MODEL as a Hugging Face "
                              "directory (`linnet export hf`)")
     parser.add_argument("--profile", choices=tuple(PROFILES),
                         help="; ".join(f"{p.name}: {p.describe()}" for p in PROFILES.values()))
@@ -59,7 +60,7 @@ def handle(args: argparse.Namespace) -> int:
         check_output(args.output, args.force)
     profile = profile_of(args)
     model_id = args.model_id or (args.model if not Path(args.model).exists() else resolve(args.model).name)
-    results = serving_results(args.model, model_id, args.server or ["linnet:torch:eager"], profile, args.dtype,
+    results = serving_results(args.model, model_id, args.server or [f"linnet:{default_backend(args.dtype)}"], profile, args.dtype,
                               args.threads)
     print(format_serving(results, profile))
     if args.output:
