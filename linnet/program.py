@@ -23,10 +23,13 @@ cache rows, ``P`` cache positions. Inputs:
                in ``Program.quantized`` is block-quantised instead (``linnet.quantize``): ``q8_0``,
                ``q4_0`` or ``q4_1``, llama.cpp's blocks of 32 along its in-axis, each an f16 scale d (and
                for q4_1 an f16 min m) and 32 codes q: w = d * q (q8_0, q int8), d * (q - 8) (q4_0,
-               q in 0..15), d * q + m (q4_1); an op reads it as those values, in ``act``. With
+               q in 0..15), d * q + m (q4_1); or ``q4_k`` / ``q6_k``, super-blocks of 256 whose
+               sub-blocks are the same affine codes (``linnet.quantize.affine``); an op reads it as
+               those values, in ``act``. With
                ``Program.int8_activations``, a linear op on such a matrix first rounds x to int8 per
-               block of 32 (scale max|x| / 127, to nearest) as llama.cpp does, and multiplies the codes
-               by those values; a q4_1 block's min multiplies the block's sum of x as it is
+               block of its scales (32; q6_k 16) with scale max|x| / 127, to nearest, as llama.cpp
+               does, and multiplies the codes by those values; a block's min (q4_1, q4_k) multiplies
+               the block's sum of x as it is
 
 and it computes
 
@@ -402,14 +405,15 @@ def fold_norm_weights(program: Program) -> Program:
 def quantize_weights(program: Program, forms: dict[tuple[str, str], str], int8_activations: bool = False) -> Program:
     """Store the matrices ``forms`` names, (section, weight) -> form, block-quantised in that form; with
     ``int8_activations``, their products round x to int8 per block first (the module's docstring)."""
-    from linnet.quantize import BLOCK, check_form
+    from linnet.quantize import ELEMENTS, FORMS, check_form
 
     shapes = _weight_shapes(program)
     for (section, weight), form in forms.items():
+        check_form(form, f"{section} weight {weight!r}", tuple(FORMS))
         shape = shapes["layer" if section == "layer" else "head"].get(weight)
-        if shape is None or len(shape) != 2 or shape[1] % BLOCK:
-            raise LinnetError(f"{section} weight {weight!r} ({shape}) is not a matrix of whole {BLOCK}-blocks")
-        check_form(form, f"{section} weight {weight!r}")
+        if shape is None or len(shape) != 2 or shape[1] % ELEMENTS[form]:
+            raise LinnetError(f"{section} weight {weight!r} ({shape}) is not a matrix of whole "
+                              f"{ELEMENTS[form]}-blocks")
     quantized = tuple((section, weight, form) for (section, weight), form in forms.items())
     return _checked(replace(program, quantized=program.quantized + quantized, int8_activations=int8_activations))
 

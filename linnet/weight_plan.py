@@ -46,7 +46,7 @@ class WeightPlan:
         if self.dtype not in DTYPES:
             raise LinnetError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
         for _, _, form in self.quantized:
-            quantize.check_form(form)
+            quantize.check_form(form, forms=tuple(quantize.FORMS))
         for section, _, _ in (*self.folded, *self.quantized):
             if section not in SECTIONS:
                 raise LinnetError(f"unknown weight-plan section {section!r}; expected one of {SECTIONS}")

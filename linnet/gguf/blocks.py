@@ -1,4 +1,4 @@
-"""A GGUF file's weights with its Q8_0, Q4_0 and Q4_1 tensors also as the file stores them.
+"""A GGUF file's weights with its Q8_0, Q4_0, Q4_1, Q4_K and Q6_K tensors also as the file stores them.
 
 ``blocks`` maps canonical names to (form, block bytes): rows of the file's own bytes (llama's q and k
 rows put back in HF's order), for backends that compute on them (``linnet.quantize``). The float32

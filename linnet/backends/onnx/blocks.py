@@ -1,43 +1,51 @@
 """llama.cpp's blocks (``linnet.quantize``) as ONNX Runtime's n-bit operators take them.
 
-com.microsoft MatMulNBits and GatherBlockQuantized read a matrix [N, K] as uint8 codes, blocks of 32
-along K, and float scales [N, K / 32]: w = (q - zero point) * scale, 4-bit codes two a byte with the
-even element in the low nibble, and a zero point of 8 (4 bits) or 128 (8 bits) where none is given.
-So each block form maps to them without changing a value:
+com.microsoft MatMulNBits and GatherBlockQuantized read a matrix [N, K] as uint8 codes in blocks along
+K and float scales [N, K / block]: w = (q - zero point) * scale, 4-bit codes two a byte with the even
+element in the low nibble, and a zero point of 8 (4 bits) or 128 (8 bits) where none is given. Every
+block form is such a code (``linnet.quantize.affine``), so each maps to them without changing a value:
 
-- q8_0 (int8 q, w = d * q): the codes + 128 as uint8, the default zero point;
-- q4_0 (w = d * (q - 8)): the nibbles re-paired (GGUF puts element j and j + 16 in one byte), the
-  default zero point;
-- q4_1 (w = d * q + m): zero points of 0 and the mins apart, added as ``m`` times each block's sum of
-  x (ONNX Runtime's float zero points would express the min but fall off its fast kernels; 8-bit ones
-  are refused).
+- q8_0: the codes + 128, the default zero point; q6_k: 6-bit codes in bytes, zero points of 32 and
+  blocks of 16;
+- q4_0: the nibbles re-paired (GGUF puts element j and j + 16 in one byte), the default zero point;
+- q4_1, q4_k (w = scale * q + min): zero points of 0 and the mins apart, added as ``min`` times each
+  block's sum of x (ONNX Runtime's float zero points would express the min but fall off its fast
+  kernels; 8-bit ones are refused).
 
-Scales (and mins) are the file's f16 values, in the activations' type (f32 or f16), exactly.
+Scales and mins are the blocks' values in the activations' type (f32 or f16).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from linnet.quantize import BLOCK_BYTES, block_mins, block_scales
+from linnet.quantize import affine
 
-BITS = {"q8_0": 8, "q4_0": 4, "q4_1": 4}
 PARTS = ("codes", "scales", "zero_points", "mins")  # the initializers a matrix in blocks becomes
+BLOCK_SIZE = {"q6_k": 16}  # elements per scale where not 32
+BITS = {"q8_0": 8, "q6_k": 8}  # code width where not 4
+
+
+def block_size(form: str) -> int:
+    return BLOCK_SIZE.get(form, 32)
+
+
+def bits(form: str) -> int:
+    return BITS.get(form, 4)
 
 
 def onnx_parts(blocks: np.ndarray, form: str, float_type: np.dtype = np.float32) -> dict[str, np.ndarray]:
-    """Rows of ``form``'s block bytes [N, K / 32 * bytes] as MatMulNBits' inputs: codes [N, K / 32, 32 *
-    bits / 8] uint8, scales [N, K / 32] in ``float_type`` (the activations'), and for q4_1 zero points
-    (packed, all 0) and mins [N, K / 32]."""
-    n, nb = blocks.shape[0], blocks.shape[1] // BLOCK_BYTES[form]
-    raw = blocks.reshape(n, nb, BLOCK_BYTES[form])
-    scales = block_scales(blocks, form).astype(float_type)
-    if form == "q8_0":
-        return {"codes": raw[:, :, 2:] ^ np.uint8(0x80), "scales": scales}
-    start = 4 if form == "q4_1" else 2
-    packed = raw[:, :, start:]  # byte j: element j (low nibble), element j + 16 (high)
-    codes = np.concatenate([packed & 15, packed >> 4], axis=2)  # [N, nb, 32] in element order
-    parts = {"codes": (codes[:, :, 0::2] | (codes[:, :, 1::2] << 4)).astype(np.uint8), "scales": scales}
-    if form == "q4_1":
-        parts["zero_points"] = np.zeros((n, -(-nb // 2)), np.uint8)
-        parts["mins"] = block_mins(blocks).astype(float_type)
+    """Rows of ``form``'s block bytes as MatMulNBits' inputs: codes [N, K / block, block * bits / 8]
+    uint8, scales [N, K / block] in ``float_type`` (the activations'), zero points where they are not
+    the default (4 bits: packed two a byte), and mins [N, K / block] where the form has them."""
+    a = affine(blocks, form)
+    n, nb = a.scales.shape
+    codes = a.codes.reshape(n, nb, a.block)
+    if a.bits == 4:
+        codes = codes[:, :, 0::2] | (codes[:, :, 1::2] << 4)
+    parts = {"codes": np.ascontiguousarray(codes, dtype=np.uint8), "scales": a.scales.astype(float_type)}
+    if a.zero != 1 << (a.bits - 1):
+        zero = np.uint8(a.zero | (a.zero << 4)) if a.bits == 4 else np.uint8(a.zero)
+        parts["zero_points"] = np.full((n, -(-nb // 2) if a.bits == 4 else nb), zero, np.uint8)
+    if a.mins is not None:
+        parts["mins"] = a.mins.astype(float_type)
     return parts

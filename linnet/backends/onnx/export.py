@@ -17,7 +17,7 @@ import onnx
 from linnet.backends.onnx.blocks import onnx_parts
 from linnet.backends.onnx.graph import GraphOptions, build_graph
 from linnet.program import Program, build_program, fuse_projections, quantize_weights
-from linnet.quantize import block_forms, block_names
+from linnet.quantize import FORMS, block_forms, block_names
 from linnet.spec import ModelSpec
 from linnet.weight_plan import WeightPlan, plan_weights
 
@@ -32,7 +32,7 @@ def onnx_program(spec: ModelSpec, dtype: str, weights: Any = None, quantize: str
     int8 activations as llama.cpp does: ONNX Runtime's products of float activations and blocks are
     4x slower than its float32 products, those of int8 activations 2.6x faster (docs/ONNX.md)."""
     program = fuse_projections(build_program(spec, dtype))
-    forms = block_forms(program, weights, quantize)
+    forms = block_forms(program, weights, quantize, runs=tuple(FORMS))  # every form a file holds
     return quantize_weights(program, forms, int8_activations=True) if forms else program
 
 

@@ -40,9 +40,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from linnet.backends.onnx.blocks import BITS, PARTS
+from linnet.backends.onnx.blocks import PARTS, bits, block_size
 from linnet.program import Op, Program
-from linnet.quantize import BLOCK, block_names
+from linnet.quantize import block_names
 
 OPSET = 18
 ONNX_TYPES = {"f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16,
@@ -265,28 +265,32 @@ class _Emitter:
 
     def _block_matmul(self, w: BlockWeight, x: str) -> str:
         """x [R, T, k] times a matrix in blocks: com.microsoft MatMulNBits on its codes (``blocks``); for
-        q4_1, plus each block's min times the block's sum of x."""
+        a form with mins, plus each block's min times the block's sum of x."""
         zero_points = [w.parts["zero_points"]] if "zero_points" in w.parts else []
+        size = block_size(w.form)
         y = self.node("MatMulNBits", [x, w.parts["codes"], w.parts["scales"], *zero_points], "matmul_blocks",
-                      domain="com.microsoft", K=w.k, N=w.n, bits=BITS[w.form], block_size=BLOCK,
+                      domain="com.microsoft", K=w.k, N=w.n, bits=bits(w.form), block_size=size,
                       accuracy_level=self.block_accuracy)
         if "mins" not in w.parts:
             return y
-        per_block = self.node("Reshape", [x, self.ints(0, 0, w.k // BLOCK, BLOCK)], "x_blocks")
+        per_block = self.node("Reshape", [x, self.ints(0, 0, w.k // size, size)], "x_blocks")
         sums = self.node("ReduceSum", [per_block, self.ints(-1)], "x_block_sums", keepdims=0)
         mins = self.node("FusedMatMul", [sums, w.parts["mins"]], "matmul_mins", domain="com.microsoft", transB=1)
-        return self.node("Add", [y, mins], "matmul_q4_1")
+        return self.node("Add", [y, mins], "matmul_mins_added")
 
     def _block_gather(self, w: BlockWeight, tokens: str) -> str:
         """Rows of a matrix in blocks: com.microsoft GatherBlockQuantized on the codes MatMulNBits reads
-        ([n, k / 32, 32 * bits / 8], each block's scale on an axis of its own), then [R, T, k]."""
+        ([n, k / block, block * bits / 8], each block's scale on an axis of its own), then [R, T, k]."""
         scales = self.node("Unsqueeze", [w.parts["scales"], self.ints(-1)], "embed_scales")
+        size, width = block_size(w.form), bits(w.form)
         zero_points = []
-        if "zero_points" in w.parts:
-            zero_points = [self.const("embed_zero_points", np.zeros((w.n, w.k // BLOCK, 1), np.uint8))]
+        if "zero_points" in w.parts and width == 8:  # one a byte: the same values on an axis of their own
+            zero_points = [self.node("Unsqueeze", [w.parts["zero_points"], self.ints(-1)], "embed_zero_points")]
+        elif "zero_points" in w.parts:  # 4 bits: the forms with mins, whose zero points are 0
+            zero_points = [self.const("embed_zero_points", np.zeros((w.n, w.k // size, 1), np.uint8))]
         rows = self.node("GatherBlockQuantized", [w.parts["codes"], tokens, scales, *zero_points], "x_blocks",
-                         domain="com.microsoft", bits=BITS[w.form], block_size=BLOCK, gather_axis=0, quantize_axis=2)
-        if "mins" in w.parts:  # [R, T, k / 32, 32] + [R, T, k / 32, 1]
+                         domain="com.microsoft", bits=width, block_size=size, gather_axis=0, quantize_axis=2)
+        if "mins" in w.parts:  # [R, T, k / block, block] + [R, T, k / block, 1]
             mins = self.node("Gather", [w.parts["mins"], tokens], "x_mins", axis=0)
             rows = self.node("Add", [rows, self.node("Unsqueeze", [mins, self.ints(-1)], "x_mins_b")], "x_q4_1")
         return self.node("Reshape", [rows, self.ints(0, 0, w.k)], "x")
@@ -442,7 +446,8 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
                 for part, initializer in parts.items():
                     weights[initializer], types[initializer] = f"{plan_name}.{part}", part_types[part]
                     e._names.add(initializer)
-                n, k = weight_shapes[f"{plan_name}.scales"][0], weight_shapes[f"{plan_name}.scales"][1] * BLOCK
+                n, nb = weight_shapes[f"{plan_name}.scales"]
+                k = nb * block_size(blocks[plan_name])
                 e.blocks[name] = BlockWeight(blocks[plan_name], n, k, parts)
                 return name
             weights[name] = plan_name

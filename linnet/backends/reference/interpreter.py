@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from linnet.program import Op, Program, Section
-from linnet.quantize import BLOCK, block_mins, block_names, dequantized, int8_rounded
+from linnet.quantize import Affine, affine, block_names, dequantized, int8_rounded
 
 DTYPES = {"f32": np.float32, "i64": np.int64}
 
@@ -55,21 +55,21 @@ def _dequantized(program: Program, weights: Mapping[str, np.ndarray]) -> Mapping
 
 def _int8_products(program: Program, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray | None]:
     """The matrices whose products round x to int8 (``Program.int8_activations``), by full name: their
-    q4_1 mins [out, in / 32], or None."""
+    affine codes (``linnet.quantize.affine``: the block size and mins)."""
     if not program.int8_activations:
         return {}
-    return {name: block_mins(weights[name]).astype(np.float32) if form == "q4_1" else None
-            for name, form in block_names(program.quantized, program.spec.num_layers).items()}
+    return {name: affine(weights[name], form) for name, form in block_names(program.quantized,
+                                                                           program.spec.num_layers).items()}
 
 
 def _run(section: Section, params: dict, inputs: Mapping[str, np.ndarray], weight: Callable, act: type,
-         int8_products: Mapping[str, np.ndarray | None]) -> list:
-    """``int8_products``: weights (``w.<name>``) whose products round x to int8, and their q4_1 mins."""
+         int8_products: Mapping[str, Affine]) -> list:
+    """``int8_products``: weights (``w.<name>``) whose products round x to int8, and their affine codes."""
     env = {**inputs, **params}
     for op in section.ops:
         args = [weight(i[2:]) if i.startswith("w.") else env[i] for i in op.inputs]
         if op.kind == "linear" and op.inputs[1] in int8_products:
-            outs = linear_int8(op, act, *args, mins=int8_products[op.inputs[1]])
+            outs = linear_int8(op, act, *args, codes=int8_products[op.inputs[1]])
         else:
             outs = OPS[op.kind](op, act, *args)
         env.update(zip(op.outs, outs if isinstance(outs, tuple) else (outs,)))
@@ -87,15 +87,16 @@ def linear(op: Op, act: type, x: np.ndarray, w: np.ndarray, b: np.ndarray | None
     return y if b is None else y + b
 
 
-def linear_int8(op: Op, act: type, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
-                mins: np.ndarray | None = None) -> np.ndarray:
+def linear_int8(op: Op, act: type, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *,
+                codes: Affine) -> np.ndarray:
     """A product with a matrix in blocks under ``Program.int8_activations``: its codes meet x rounded to
-    int8 per block; a q4_1 matrix's mins [out, in / 32] meet each block's sum of x as it is."""
-    if mins is None:
-        return linear(op, act, int8_rounded(x), w, b)
-    codes_part = w - np.repeat(mins, BLOCK, axis=1)  # d * q
-    sums = x.reshape(*x.shape[:-1], -1, BLOCK).sum(axis=-1)
-    return linear(op, act, int8_rounded(x), codes_part, b) + sums @ mins.T
+    int8 per block of its scales; its mins [out, in / block], if any, meet each block's sum of x as it is."""
+    rounded = int8_rounded(x, codes.block)
+    if codes.mins is None:
+        return linear(op, act, rounded, w, b)
+    coded = w - np.repeat(codes.mins, codes.block, axis=1)  # scale * (code - zero)
+    sums = x.reshape(*x.shape[:-1], -1, codes.block).sum(axis=-1)
+    return linear(op, act, rounded, coded, b) + sums @ codes.mins.T
 
 
 def rotary(op: Op, act: type, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

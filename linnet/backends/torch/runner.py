@@ -22,9 +22,9 @@ from linnet.backends.torch.codegen import generate_source
 from linnet.backends.torch.setup import unavailable
 from linnet.errors import BackendUnavailable, LinnetError
 from linnet.program import (
-    Program, build_program, fold_norm_weights, fuse_norm_linears, fuse_projections, infer_types, quantize_weights,
+    Program, build_program, fold_norm_weights, fuse_norm_linears, fuse_projections, quantize_weights,
 )
-from linnet.quantize import FORMS, check_form
+from linnet.quantize import block_forms, block_names, check_form
 from linnet.rope import rope_tables
 from linnet.sampling import Sampling
 from linnet.spec import ModelSpec
@@ -41,31 +41,9 @@ def torch_program(spec: ModelSpec, dtype: str = "f32", weight_dtype: str | None 
     """The program the torch backend runs. ``quantize``: "none"; a form (``linnet.quantize.FORMS``) for
     every matrix; or "gguf": each matrix as ``weights`` stores it where that is a block form (a GGUF file's)."""
     program = fuse_norm_linears(fuse_projections(build_program(spec, dtype, weight_dtype)))
-    forms = block_forms(program, weights, quantize)
+    forms = block_forms(program, weights, quantize)  # the forms its Blocks dequantise: linnet.quantize.MADE
     # A matrix in blocks keeps its values: its norm's weight multiplies x instead of being folded in.
     return quantize_weights(program, forms) if forms else fold_norm_weights(program)
-
-
-def block_forms(program: Program, weights: Weights | None, quantize: str) -> dict[tuple[str, str], str]:
-    """(section, matrix) -> block form, for the matrices ``quantize`` (see torch_program) puts in blocks."""
-    if quantize == "none":
-        return {}
-    types = infer_types(program)
-    matrices = {("layer" if section == "layer" else "head", name[2:]) for section, env in types.items()
-                for name, value in env.items() if name.startswith("w.") and len(value.shape) == 2}
-    if program.spec.tie_word_embeddings:
-        matrices.discard(("head", "lm_head"))  # it is the embedding
-    if quantize != "gguf":
-        return dict.fromkeys(sorted(matrices), check_form(quantize))
-    stored = getattr(weights, "blocks", {})  # name -> (form, bytes)
-    parts = dict(program.fused)
-    forms = {}
-    for section, name in sorted(matrices):
-        prefixes = [f"layers.{i}." for i in range(program.spec.num_layers)] if section == "layer" else [""]
-        found = {stored.get(prefix + part, ("",))[0] for prefix in prefixes for part in parts.get(name, (name,))}
-        if len(found) == 1 and found <= set(FORMS):
-            forms[section, name] = found.pop()
-    return forms
 
 
 def torch_weights(weights: Weights, program: Program) -> dict[str, torch.Tensor]:
@@ -76,13 +54,6 @@ def torch_weights(weights: Weights, program: Program) -> dict[str, torch.Tensor]
     with warnings.catch_warnings():  # the arrays map a read-only file; the model never writes its weights
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return {name: _tensor(array) for name, array in arrays.items()}
-
-
-def block_names(program: Program) -> dict[str, str]:
-    """Each weight stored in blocks, by its full name, and its form."""
-    layers = [f"layers.{i}." for i in range(program.spec.num_layers)]
-    return {prefix + name: form for section, name, form in program.quantized
-            for prefix in (layers if section == "layer" else [""])}
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
@@ -145,7 +116,7 @@ class TorchRunner(Runner):
         self.quantized = sorted({form for _, _, form in program.quantized})
         self.source = generate_source(program)
         module = load_generated_module(self.source)
-        blocks = block_names(program)
+        blocks = block_names(program.quantized, program.spec.num_layers)
         tensors = {name: module.Blocks(blocks[name], t) if name in blocks else t.to(self.device)
                    for name, t in torch_weights(weights, program).items()}
         # the real positions, bucketed, and the scratch one: a compiled step is built for one cache length,
