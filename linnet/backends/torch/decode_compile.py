@@ -41,9 +41,9 @@ _VIEWS = {
 _CASTS = {torch.ops.prims.convert_element_type.default, aten._to_copy.default}
 
 
-def _through_views(node: Any) -> Any:
-    """The node a value is a view of; also through dtype casts (16-bit weights widened in the loop)."""
-    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _VIEWS | _CASTS:
+def _through(node: Any, ops: set) -> Any:
+    """The node a value is computed from by ``ops`` (views; and casts, for a 16-bit weight widened in the loop)."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in ops:
         node = node.args[0]
     return node
 
@@ -63,7 +63,9 @@ def product_inputs(graph: torch.fx.Graph) -> list[torch.fx.Node]:
             if not (isinstance(mul, torch.fx.Node) and mul.target == aten.mul.Tensor):
                 continue
             for weight, activation in (mul.args, mul.args[::-1]):
-                activation = _through_views(activation)
+                # through views only: an input rounded to 16 bits and widened again is realized as the
+                # product reads it, so that the rounding is done once, not again for every weight row
+                activation = _through(activation, _VIEWS)
                 if (_from_weights(weight) and _is_pointwise(activation) and not _from_weights(activation)
                         and activation not in found):
                     found.append(activation)
@@ -71,9 +73,10 @@ def product_inputs(graph: torch.fx.Graph) -> list[torch.fx.Node]:
 
 
 def _from_weights(node: Any) -> bool:
-    """Whether a value is computed from graph inputs (weights) alone, through views, casts and pointwise ops."""
-    node = _through_views(node)
-    if not isinstance(node, torch.fx.Node) or node.op == "placeholder":
+    """Whether a value is computed from graph inputs or constants (weights: an exported step's are
+    constants, `get_attr`) alone, through views, casts and pointwise ops."""
+    node = _through(node, _VIEWS | _CASTS)
+    if not isinstance(node, torch.fx.Node) or node.op in ("placeholder", "get_attr"):
         return True
     return _is_pointwise(node) and all(_from_weights(arg) for arg in node.all_input_nodes)
 
@@ -92,7 +95,7 @@ class DecodeStepPass(CustomGraphPass):
             node.meta["inductor_realize_to_strides"] = True  # lowering realizes such a node's value
 
     def uuid(self) -> Any:
-        return "linnet-decode-step-4"
+        return "linnet-decode-step-5"
 
 
 DECODE_STEP_PASS = DecodeStepPass()
