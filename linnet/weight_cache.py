@@ -3,7 +3,8 @@
 A conversion (GGUF dequantised, a backend's weight plan) is paid once; the result is saved as safetensors
 under ``$LINNET_CACHE`` (default ``~/.cache/linnet``), keyed by the source files' identity and the
 conversion: what it does and the source text of the code that does it, so that changed code never
-reuses an old result. The file is kept in the page cache as 2 MB folios where the kernel allows it, so
+reuses an old result; the least recently used entries go when the cache passes its budget
+(``keep_within_budget``). The file is kept in the page cache as 2 MB folios where the kernel allows it, so
 that every process maps it with huge pages.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,53 @@ def cache_root() -> Path:
     """Where converted weights and generated modules live; ``LINNET_CACHE=off`` keeps nothing between runs."""
     root = os.environ.get("LINNET_CACHE", str(Path.home() / ".cache" / "linnet"))
     return Path(tempfile.gettempdir()) / "linnet-uncached" if root == "off" else Path(root)
+
+
+DEFAULT_BUDGET_GB = 20.0
+GROUPS = ("onnx", "compiled", "xla", "generated")  # folders of the cache whose children are its entries
+
+
+def used(path: Path) -> None:
+    """Mark a cache entry (a file or a folder) as just used: the budget removes the least recently used."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def keep_within_budget(keep: Path) -> list[Path]:
+    """Remove the least recently used cache entries until the cache holds at most ``$LINNET_CACHE_MAX_GB``
+    (default 20; keys carry the code's identity, so every new version of Linnet writes new entries and
+    the old ones would stay for ever). ``keep``, the entry just written, stays; so do entries still
+    being written (dot-names). A process that maps a removed file keeps its mapping. Returns what went."""
+    budget = float(os.environ.get("LINNET_CACHE_MAX_GB", DEFAULT_BUDGET_GB)) * 2**30
+    root = cache_root()
+    entries = [e for group in (root, *(root / g for g in GROUPS)) if group.is_dir()
+               for e in group.iterdir() if not e.name.startswith(".") and not (group == root and e.name in GROUPS)]
+    sizes = {e: _size(e) for e in entries}
+    total, removed = sum(sizes.values()), []
+    for entry in sorted(entries, key=_last_use):
+        if total <= budget:
+            break
+        if entry.resolve() == Path(keep).resolve():
+            continue
+        shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        total -= sizes[entry]
+        removed.append(entry)
+    return removed
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _last_use(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 HUGE_PAGE = 2 << 20
@@ -106,5 +155,7 @@ def cached_arrays(
         atomic_write(path, lambda tmp: save_aligned_safetensors(tmp, arrays, metadata))
         del arrays
         drop_from_page_cache(path)
+        keep_within_budget(path)
+    used(path)
     settle_in_huge_pages(path)
     return map_safetensors(path)

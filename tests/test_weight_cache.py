@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 import platform
 from pathlib import Path
 
@@ -132,3 +133,21 @@ def test_cached_arrays_start_on_cache_lines_and_read_as_safetensors(tmp_path, mo
     (path,) = tmp_path.glob("*.safetensors")
     with safe_open(str(path), "np") as f:
         assert all((f.get_tensor(name) == a).all() for name, a in arrays.items())
+
+
+def test_the_least_recently_used_entries_go_past_the_budget(tmp_path, monkeypatch):
+    monkeypatch.setenv("LINNET_CACHE", str(tmp_path))
+    monkeypatch.setenv("LINNET_CACHE_MAX_GB", str(2.5 * 2**20 / 2**30))  # room for two entries of 1 MiB
+    entries = [tmp_path / "a.safetensors", tmp_path / "onnx" / "b", tmp_path / "compiled" / "c", tmp_path / "d.safetensors"]
+    for age, entry in enumerate(entries):
+        target = entry / "weights.bin" if entry.suffix != ".safetensors" else entry
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(bytes(2**20))
+        os.utime(entry, (1000 + age, 1000 + age))  # a is the oldest, d the newest
+    writing = tmp_path / ".e.safetensors.123-abcd.tmp"  # another process's entry, not yet in place
+    writing.write_bytes(bytes(2**20))
+    weight_cache.used(entries[0])  # a was just read: now the newest
+    removed = weight_cache.keep_within_budget(entries[1])  # b was just written
+    assert sorted(removed) == sorted([entries[2], entries[3]])
+    assert entries[0].exists() and entries[1].exists() and writing.exists()
+    assert weight_cache.keep_within_budget(entries[1]) == []  # within the budget now

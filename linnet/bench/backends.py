@@ -55,6 +55,6 @@ class LinnetSubject(Subject):
         return self.runner.peak_memory()
 
     def notes(self) -> list[str]:
-        blocks = self.runner.describe().get("blocks")  # the torch backend running a GGUF file's own blocks
-        return [f"KV cache compiled for {self.runner.cache.positions} positions",
-                *([f"{BLOCKS_NOTE} ({blocks}), dequantised in the product's loop"] if blocks else [])]
+        described = self.runner.describe()  # "blocks": a runner multiplying llama.cpp's blocks, and how
+        blocks = [f"{BLOCKS_NOTE} ({described['blocks']}), {described['block_products']}"] if "blocks" in described else []
+        return [f"KV cache compiled for {self.runner.cache.positions} positions", *blocks]

@@ -41,7 +41,7 @@ from linnet.program import Program
 from linnet.quantize import check_form
 from linnet.sampling import Sampling, sample_host
 from linnet.spec import ModelSpec
-from linnet.weight_cache import cache_root, code_identity
+from linnet.weight_cache import cache_root, code_identity, keep_within_budget, used
 from linnet.weights import Weights
 
 DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda"}
@@ -119,6 +119,8 @@ class OnnxRunner(Runner):
         directory = cache_root() / "onnx" / hashlib.sha256(key.encode()).hexdigest()[:24]
         if not (directory / GRAPH_FILE).is_file():
             atomic_write(directory, write)
+            keep_within_budget(directory)
+        used(directory)
         return directory / GRAPH_FILE
 
     def _session(self, path: Path) -> ort.InferenceSession:
@@ -237,7 +239,8 @@ class OnnxRunner(Runner):
     def describe(self) -> dict:
         return {**super().describe(), "dtype": self.dtype, "provider": PROVIDERS[self.mode],
                 "graph": self.options.variant, "attention": self.options.attention, "threads": threads(),
-                **({"blocks": ", ".join(self.quantized)} if self.quantized else {})}
+                **({"blocks": ", ".join(self.quantized), "block_products": "activations rounded to int8, integer "
+                    "products (MatMulNBits)"} if self.quantized else {})}
 
 
 def _stacked(steps: list[StepOutput]) -> StepOutput:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from linnet.files import atomic_write
-from linnet.weight_cache import cache_root
+from linnet.weight_cache import cache_root, keep_within_budget, used
 
 PACKAGE = "step.pt2"
 STATE = ("cache_k", "cache_v", "cos", "sin", "key_positions")  # the model's tensors that are not buffers
@@ -94,6 +94,7 @@ def load_or_build(model: torch.nn.Module, source: str, example: tuple, what: str
     Returns a function of the same arguments as the model's forward."""
     path = package_path(model, source, example, dynamic)
     if path.is_file():
+        used(path.parent)
         try:
             return _load(model, path)
         except Exception as e:  # a torn or stale package: torch's loader raises whatever it meets
@@ -104,6 +105,7 @@ def load_or_build(model: torch.nn.Module, source: str, example: tuple, what: str
         f"later runs load it in well under a second) into {path.parent}")
     start = time.perf_counter()
     _build(model, example, dynamic, path)
+    keep_within_budget(path.parent)
     say(f"linnet: compiled the {what} in {time.perf_counter() - start:.0f} s")
     return _load(model, path)
 

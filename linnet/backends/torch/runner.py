@@ -266,7 +266,9 @@ class TorchRunner(Runner):
 
     def describe(self) -> dict:
         return {**super().describe(), "dtype": self.dtype, "arithmetic": self.act, "device": str(self.device),
-                "threads": torch.get_num_threads(), **({"blocks": ", ".join(self.quantized)} if self.quantized else {})}
+                "threads": torch.get_num_threads(),
+                **({"blocks": ", ".join(self.quantized), "block_products": "dequantised in the product's loop"}
+                   if self.quantized else {})}
 
     def peak_memory(self) -> int:
         if self.device.type == "cuda":
