@@ -19,10 +19,14 @@ Attention reads the cache in one of two ways:
 
 - ``gather``: any rows at any positions (the Program's whole step): the step's rows are gathered from
   the cache, the new keys and values scattered into it (ScatterND), the scores masked per position.
-- ``gqa`` (``ort`` only): com.microsoft GroupQueryAttention over a one-row cache, which appends the new
-  keys and values and reads only the valid length, in one kernel. It places the new tokens at the
-  row's length, so each step's positions must be contiguous (``positions[t] = positions[0] + t``):
-  the runner sees to that.
+- ``gqa`` (``ort`` only): com.microsoft GroupQueryAttention over cache rows bound in order (the runner
+  binds a window of them), which appends the new keys and values and reads only the valid length, in
+  one kernel. It places the new tokens at each row's length, so each step's positions must be
+  contiguous (``positions[t] = positions[0] + t``): the runner sees to that.
+
+Matrices the Program holds in llama.cpp's blocks (``ort`` only) are com.microsoft MatMulNBits products
+and GatherBlockQuantized rows on their codes (``blocks``), with ``Program.int8_activations`` as
+MatMulNBits' accuracy level 4.
 
 Arithmetic follows the Program: norms and attention in float32 (the mask is a ``Where`` over float32
 scores, so nothing overflows in f16), products in the run dtype. ``compute`` may be wider than the
@@ -292,12 +296,12 @@ class _Emitter:
                          domain="com.microsoft", bits=width, block_size=size, gather_axis=0, quantize_axis=2)
         if "mins" in w.parts:  # [R, T, k / block, block] + [R, T, k / block, 1]
             mins = self.node("Gather", [w.parts["mins"], tokens], "x_mins", axis=0)
-            rows = self.node("Add", [rows, self.node("Unsqueeze", [mins, self.ints(-1)], "x_mins_b")], "x_q4_1")
+            rows = self.node("Add", [rows, self.node("Unsqueeze", [mins, self.ints(-1)], "x_mins_b")], "x_with_mins")
         return self.node("Reshape", [rows, self.ints(0, 0, w.k)], "x")
 
     def _group_query_attention(self, q: str, cache_k: str, cache_v: str) -> str:
-        """com.microsoft GroupQueryAttention: appends the new keys and values to the one-row cache at its
-        length (positions[0]) in place, and attends over the valid length only."""
+        """com.microsoft GroupQueryAttention: appends the new keys and values to each bound cache row at its
+        length (its positions[0]) in place, and attends over the valid length only."""
         spec = self.spec
         (past_k, k), (past_v, v) = self._appended.pop(cache_k), self._appended.pop(cache_v)
         seqlens, total = self._gqa_lengths()

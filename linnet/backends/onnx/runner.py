@@ -15,6 +15,9 @@ position, as idle rows do. A prompt chunk is a window of one row; a decode step 
 does not (the warm-up's tokens at the scratch position) runs a token at a time, in order of position,
 which is the same step: a query attends to positions up to its own, which the earlier tokens have
 written; so does a step of several rows of several tokens, a row at a time.
+
+On the CPU provider a GGUF file's matrices in llama.cpp's blocks stay in them by default
+(``quantize``): ONNX Runtime multiplies them in integers, as llama.cpp does (``blocks``, docs/ONNX.md).
 """
 from __future__ import annotations
 
