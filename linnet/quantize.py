@@ -69,7 +69,10 @@ def affine(blocks: np.ndarray, form: str) -> Affine:
     """Rows of ``form``'s block bytes as affine codes per block (values exactly those of ``dequantized``)."""
     n = blocks.shape[0]
     raw = blocks.reshape(n, -1, BLOCK_BYTES[form])
-    f16 = lambda start: np.ascontiguousarray(raw[:, :, start:start + 2]).view(np.float16)[..., 0].astype(np.float32)  # noqa: E731
+
+    def f16(at: int) -> np.ndarray:  # the f16 field at byte ``at`` of every block, as float32
+        return np.ascontiguousarray(raw[:, :, at:at + 2]).view(np.float16)[..., 0].astype(np.float32)
+
     if form == "q8_0":
         return Affine((raw[:, :, 2:] ^ np.uint8(0x80)).reshape(n, -1), f16(0), 128, None, 32, 8)
     if form in ("q4_0", "q4_1"):

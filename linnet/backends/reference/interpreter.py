@@ -53,7 +53,7 @@ def _dequantized(program: Program, weights: Mapping[str, np.ndarray]) -> Mapping
     return out
 
 
-def _int8_products(program: Program, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray | None]:
+def _int8_products(program: Program, weights: Mapping[str, np.ndarray]) -> dict[str, Affine]:
     """The matrices whose products round x to int8 (``Program.int8_activations``), by full name: their
     affine codes (``linnet.quantize.affine``: the block size and mins)."""
     if not program.int8_activations:
