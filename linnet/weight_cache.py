@@ -58,7 +58,10 @@ def keep_within_budget(keep: Path) -> list[Path]:
             break
         if entry.resolve() == Path(keep).resolve():
             continue
-        shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
         total -= sizes[entry]
         removed.append(entry)
     return removed

@@ -25,8 +25,8 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
                         help="shard the model over N devices, tensor-parallel (xla:jax; default: 1)")
     parser.add_argument("--quantize", default=None, metavar="FORM",
                         help="torch or onnx on a CPU: matrices in llama.cpp's blocks, q8_0, q4_0 or q4_1; gguf: a GGUF "
-                             "file's own Q8_0/Q4_0/Q4_1 matrices in their blocks; none (default: gguf with "
-                             "torch:inductor and onnx:cpu)")
+                             "file's own Q8_0/Q4_0/Q4_1 matrices in their blocks (onnx also Q4_K/Q6_K); none "
+                             "(default: gguf with torch:inductor and onnx:cpu)")
 
 
 def onnx_when_fastest(dtype: str) -> str | None:
@@ -35,13 +35,23 @@ def onnx_when_fastest(dtype: str) -> str | None:
     faster than inductor in f32 (SmolLM2 1.33x, Qwen2.5-0.5B's shapes 1.13x), served 2.5x torch:eager's
     tokens, and needs no compiling; a GGUF file's blocks run in ONNX Runtime's int8 products
     (docs/ONNX.md). None elsewhere."""
-    import torch
-
     from linnet.backends.registry import get_backend
 
-    if dtype != "f32" or torch.cuda.is_available() or get_backend("onnx:cpu").unavailable() is not None:
+    if dtype != "f32" or not _torch_sees_no_gpu() or get_backend("onnx:cpu").unavailable() is not None:
         return None
     return "onnx:cpu"
+
+
+def _torch_sees_no_gpu() -> bool:
+    """torch.cuda.is_available() is False, asked without importing torch where its build has no CUDA
+    (``+cpu``): the ONNX Runtime path imports no torch, and the import is most of a fresh run's start."""
+    from importlib.metadata import version
+
+    if version("torch").endswith("+cpu"):
+        return True
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def make_runner(model: LoadedModel, args: argparse.Namespace, positions: int, rows: int = 1) -> Runner:

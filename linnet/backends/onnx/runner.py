@@ -75,9 +75,10 @@ class StepOutput:
 class OnnxRunner(Runner):
     def __init__(self, weights: Weights, cache: CacheShape = CacheShape(), dtype: str = "f32", mode: str = "cpu",
                  quantize: str | None = None):
-        """``quantize``: "none"; a block form for every matrix (``linnet.quantize.FORMS``); "gguf": the
-        matrices a GGUF file stores as Q8_0, Q4_0 or Q4_1, in those blocks; None (the default): "gguf" on
-        the CPU provider, else "none". Blocks run through ONNX Runtime's MatMulNBits on the CPU provider."""
+        """``quantize``: "none"; a block form for every matrix (``linnet.quantize.MADE``); "gguf": the
+        matrices a GGUF file stores as Q8_0, Q4_0, Q4_1, Q4_K or Q6_K, in those blocks; None (the
+        default): "gguf" on the CPU provider, else "none". Blocks run through ONNX Runtime's MatMulNBits
+        on the CPU provider."""
         if mode not in PROVIDERS:
             raise LinnetError(f"unknown onnx mode {mode!r}; choose from {', '.join(PROVIDERS)}")
         reason = unavailable(mode)
