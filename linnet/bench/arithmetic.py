@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from linnet.bench.machine import measure_apart as measure_in_process
+from linnet.bench.machine import run_measurement
 from linnet.dtypes import DTYPES
 from linnet.results import Machine, Row
 from linnet.spec import ModelSpec
@@ -46,7 +46,7 @@ def measure(dtype: str = "f32", size: int = SIZE, passes: int = PASSES) -> list[
 def measure_apart(env: dict[str, str], dtype: str, log: Any = sys.stderr, size: int = SIZE,
                   passes: int = PASSES) -> list[float]:
     """``measure`` in a process of its own with ``env``, as the servers run."""
-    return measure_in_process("linnet.bench.arithmetic", [dtype, str(size), str(passes)], env,
+    return run_measurement("linnet.bench.arithmetic", [dtype, str(size), str(passes)], env,
                               f"{dtype} matrix-product rate", log)
 
 

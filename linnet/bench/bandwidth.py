@@ -24,7 +24,7 @@ from typing import Any
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from linnet.bench.protocol import PEERS, Job
-from linnet.bench.machine import measure_apart as measure_in_process
+from linnet.bench.machine import run_measurement
 from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
 from linnet.gguf.format import GGUFFile
@@ -53,7 +53,7 @@ def measure(buffer_bytes: int = BUFFER_BYTES, passes: int = PASSES) -> list[floa
 def measure_apart(env: dict[str, str], log: Any = sys.stderr, buffer_bytes: int = BUFFER_BYTES,
                   passes: int = PASSES) -> list[float]:
     """``measure`` in a process of its own with ``env``, as the bench's workers run."""
-    return measure_in_process("linnet.bench.bandwidth", [str(buffer_bytes), str(passes)], env, "read bandwidth", log)
+    return run_measurement("linnet.bench.bandwidth", [str(buffer_bytes), str(passes)], env, "read bandwidth", log)
 
 
 @dataclass(frozen=True)

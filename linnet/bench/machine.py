@@ -53,7 +53,7 @@ def versions() -> dict[str, str]:
     return out
 
 
-def measure_apart(module: str, args: list[str], env: dict[str, str], what: str, log: Any) -> list[float]:
+def run_measurement(module: str, args: list[str], env: dict[str, str], what: str, log: Any) -> list[float]:
     """``python -m module args`` in a process of its own with ``env`` (started as the workers or servers
     are), whose last line is a JSON list of samples; ``what`` names it in the progress line and errors."""
     print(f"linnet bench: measuring the {what} ...", file=log, flush=True)
