@@ -191,19 +191,23 @@ NATIVE_16BIT = {{torch.bfloat16: torch.cpu._is_avx512_bf16_supported() or torch.
 # 512-row product of Qwen2.5-0.5B's MLP: 157 GFLOP/s against oneDNN's 385 on an EPYC, 2 cores); oneDNN
 # is as fast on Intel's. Compiled code calls oneDNN through this op as it is: inductor's own lowering of
 # oneDNN's product takes constant weights only, and would re-lay them at compile time. A 16-bit weight
-# is widened into one buffer kept for the purpose: widened into fresh memory, the page faults cost 13
-# times the conversion (16 against 1.2 ms for a 9728 x 896 matrix).
+# is widened into a buffer kept for the purpose: widened into fresh memory, the page faults cost 13
+# times the conversion (16 against 1.2 ms for a 9728 x 896 matrix). A call takes the kept buffer out
+# while it uses it, so that a call on another thread makes its own rather than overwrite it.
 if not hasattr(torch.ops.linnet, "matmul_t"):  # once per process, whichever generated module comes first
     _WIDE: dict[torch.dtype, torch.Tensor] = {{}}
 
     @torch.library.custom_op("linnet::matmul_t", mutates_args=())
     def _matmul_t(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if w.dtype != x.dtype:
-            wide = _WIDE.get(x.dtype)
-            if wide is None or wide.numel() < w.numel():
-                wide = _WIDE[x.dtype] = torch.empty(w.numel(), dtype=x.dtype)
-            w = wide[:w.numel()].view(w.shape).copy_(w)
-        return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+        if w.dtype == x.dtype:
+            return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+        wide = _WIDE.pop(x.dtype, None)
+        if wide is None or wide.numel() < w.numel():
+            wide = torch.empty(w.numel(), dtype=x.dtype)
+        try:
+            return torch.ops.mkldnn._linear_pointwise(x, wide[:w.numel()].view(w.shape).copy_(w), None, "none", [], "")
+        finally:
+            _WIDE[x.dtype] = wide
 
     @_matmul_t.register_fake
     def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -93,3 +93,30 @@ def test_norm_weights_are_folded_into_the_matrices(checkpoint_dir):
         else:
             assert torch.equal(tensors["lm_head"], w["lm_head"] * w["norm"])
             assert "norm" not in tensors
+
+
+def test_onednn_product_widens_16_bit_weights_safely_across_threads():
+    """The generated module's oneDNN product (prompts, several rows) against x @ w.T: f32 weights, and
+    16-bit ones widened into a kept buffer, from two threads at once (each needs its own widening)."""
+    import threading
+
+    import torch
+
+    from linnet.backends.torch.runner import load_generated_module
+
+    module = load_generated_module(generate_source(torch_program(spec_from_hf_config(SPECS["qwen3_tiny"]))))
+    generator = torch.Generator().manual_seed(0)
+    cases = [(torch.randn(7, 96, generator=generator), torch.randn(out, 96, generator=generator).to(dtype))
+             for out, dtype in ((300, torch.float16), (200, torch.bfloat16), (100, torch.float32), (400, torch.float16))]
+    errors: list[float] = []
+
+    def work(x, w):
+        for _ in range(200):
+            errors.append((module.matmul_t(x, w) - x @ w.float().T).abs().max().item())
+
+    threads = [threading.Thread(target=work, args=case) for case in cases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 800 and max(errors) < 1e-4
