@@ -97,7 +97,7 @@ def test_norm_weights_are_folded_into_the_matrices(checkpoint_dir):
 
 def test_onednn_product_widens_16_bit_weights_safely_across_threads():
     """The generated module's oneDNN product (prompts, several rows) against x @ w.T: f32 weights, and
-    16-bit ones widened into a kept buffer, from two threads at once (each needs its own widening)."""
+    16-bit ones widened into a kept buffer, from four threads at once (each needs its own widening)."""
     import threading
 
     import torch

@@ -50,8 +50,9 @@ NATIVE_16BIT = {torch.bfloat16: torch.cpu._is_avx512_bf16_supported() or torch.c
 # is as fast on Intel's. Compiled code calls oneDNN through this op as it is: inductor's own lowering of
 # oneDNN's product takes constant weights only, and would re-lay them at compile time. A 16-bit weight
 # is widened into a buffer kept for the purpose: widened into fresh memory, the page faults cost 13
-# times the conversion (16 against 1.2 ms for a 9728 x 896 matrix). A call takes the kept buffer out
-# while it uses it, so that a call on another thread makes its own rather than overwrite it.
+# times the conversion (16 against 1.2 ms for a 9728 x 896 matrix). The buffer stays as large as the
+# largest matrix widened so far (a 16-bit head, for steps of several rows). A call takes it out while it
+# uses it, so that a call on another thread makes its own rather than overwrite it.
 if not hasattr(torch.ops.linnet, "matmul_t"):  # once per process, whichever generated module comes first
     _WIDE: dict[torch.dtype, torch.Tensor] = {}
 
@@ -70,6 +71,7 @@ if not hasattr(torch.ops.linnet, "matmul_t"):  # once per process, whichever gen
     @_matmul_t.register_fake
     def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], w.shape[0]))
+
 ONEDNN = torch.backends.mkldnn.is_available()
 
 
