@@ -243,15 +243,17 @@ class Runner(ABC):
         active = sorted(tokens_by_row)
         size = next(n for n in self.decode_sizes() if n >= len(active))
         idle = [r for r in range(self.cache.rows) if r not in tokens_by_row]
-        rows = active + idle[:size - len(active)]
+        # in order: rows filled from the lowest, as the engine fills them, are then consecutive
+        rows = sorted(active + idle[:size - len(active)])
+        index = {row: i for i, row in enumerate(rows) if row in tokens_by_row}
         tokens = np.zeros((size, 1), dtype=np.int64)
         positions = np.full((size, 1), self.scratch_position, dtype=np.int64)
-        for i, row in enumerate(active):
+        for row, i in index.items():
             tokens[i, 0], positions[i, 0] = tokens_by_row[row], self.lengths[row]
         out = self._forward(tokens, positions, np.array(rows, dtype=np.int64), None)
         for row in active:
             self.lengths[row] += 1
-        return out, {row: i for i, row in enumerate(active)}
+        return out, index
 
     def _sampler(self, row: int, sampling: Sampling) -> tuple[Sampling, Any]:
         """The row's random stream, kept from step to step while its sampling stays the same."""

@@ -29,6 +29,7 @@ from linnet.backends.registry import backend_ids, get_backend
 from linnet.bench.harness import importable_here, worker_environment
 from linnet.bench.serving_client import OPENAI, TRITON
 from linnet.dtypes import DTYPES
+from linnet.serve.engine import STEP_PROMPT_TOKENS
 
 START_TIMEOUT_S = 900.0  # a compiled backend compiles before it listens: minutes on a small CPU
 STOP_TIMEOUT_S = 30.0
@@ -96,7 +97,8 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
                    "--threads", str(threads), "--rows", str(rows), "--positions", str(positions),
                    "--max-queue", str(queue), *address]
         return Server(row_id, name, True, command, importable_here(env), model, True,
-                      STREAMED_GREEDY, [f"{rows} fixed cache rows of {positions} positions"])
+                      STREAMED_GREEDY, [f"{rows} fixed cache rows of {positions} positions",
+                                        f"at most {STEP_PROMPT_TOKENS} prompt tokens a step"])
     if hf_dir is None:
         raise NotRunnable(f"needs a Hugging Face model directory, not {model} (`linnet export hf` makes one)")
     torch_dtype = DTYPES[dtype].hf
@@ -148,6 +150,7 @@ def triton_server(row_id: str, name: str, backend: str, model: str, port: int, p
     command = server.command(scratch / "repository", scratch, port, free_port(), free_port())
     return Server(row_id, name, True, command, server.environment(importable_here(env)), "linnet", True,
                   {"ignore_eos": True}, [f"{rows} fixed cache rows of {positions} positions",
+                                         f"at most {STEP_PROMPT_TOKENS} prompt tokens a step",
                                          "Triton's HTTP generate_stream (server-sent events), greedy"],
                   api=TRITON, health="/v2/health/ready", scratch=scratch)
 

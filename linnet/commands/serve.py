@@ -9,6 +9,7 @@ from linnet.commands._checks import whole
 from linnet.commands._common import add_model_argument, add_runner_arguments, make_runner, onnx_when_fastest
 from linnet.errors import LinnetError
 from linnet.model import open_model
+from linnet.serve.engine import STEP_PROMPT_TOKENS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,6 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--rows", type=whole(1), default=64, help="cache rows: requests generating at once")
     parser.add_argument("--positions", type=whole(2), default=640, help="positions per row: prompt + new tokens")
     parser.add_argument("--max-queue", type=whole(0), default=256, help="requests that may wait for a row")
+    parser.add_argument("--prefill-tokens", type=whole(1), default=STEP_PROMPT_TOKENS,
+                        help="prompt tokens a step reads over all rows (default %(default)s, vLLM's CPU server's); "
+                        "fewer delay running streams less, more read a burst of prompts sooner")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     parser.add_argument("--port", type=whole(1), default=8000)
     parser.add_argument("--api-key", default=os.environ.get("LINNET_API_KEY"),
@@ -46,7 +50,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.positions > model.spec.max_positions:
         raise LinnetError(f"--positions {args.positions} is more than the model's {model.spec.max_positions}")
     runner = make_runner(model, args, args.positions, rows=args.rows)
-    engine = Engine(runner, model.tokenizer, max_queue=args.max_queue)
+    engine = Engine(runner, model.tokenizer, max_queue=args.max_queue, prefill_tokens=args.prefill_tokens)
     engine.warm_up()
     name = args.name or args.model
     print(f"linnet serve: {name} on {args.backend} {args.dtype}, {args.rows} rows x {args.positions} positions, "

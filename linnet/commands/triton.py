@@ -11,6 +11,7 @@ from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
 from linnet.files import atomic_write, check_output
 from linnet.model import open_spec
+from linnet.serve.engine import STEP_PROMPT_TOKENS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--rows", type=whole(1), default=64, help="cache rows: requests generating at once")
     parser.add_argument("--positions", type=whole(2), default=640, help="positions per row: prompt + new tokens")
     parser.add_argument("--max-queue", type=whole(0), default=256, help="requests that may wait for a row")
+    parser.add_argument("--prefill-tokens", type=whole(1), default=STEP_PROMPT_TOKENS,
+                        help="prompt tokens a step reads over all rows (default %(default)s)")
     parser.add_argument("--threads", type=whole(0), default=0, help="CPU threads (default 0: the backend's choice)")
     add_force_argument(parser)
     parser.set_defaults(func=handle)
@@ -39,7 +42,8 @@ def handle(args: argparse.Namespace) -> int:
         raise LinnetError(f"--positions {args.positions} is more than the model's {spec.max_positions}")
     local = Path(args.model)
     model = str(local.resolve()) if local.exists() else args.model  # a path works from Triton's directory too
-    settings = Settings(model, args.backend, args.dtype, args.rows, args.positions, args.max_queue, args.threads)
+    settings = Settings(model, args.backend, args.dtype, args.rows, args.positions, args.max_queue, args.threads,
+                        args.prefill_tokens)
     out = Path(args.output)
     written: list[str] = []
 

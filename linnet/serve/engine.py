@@ -3,9 +3,10 @@
 One thread owns the runner and calls its batched ``step`` in a loop. Each request gets a cache row of
 its own; a request that finds every row busy waits in a bounded queue. Each step feeds every running
 row: a decoding row its last token, a row still reading its prompt the next chunk of it (at most
-``prefill_tokens`` prompt tokens per step over all rows, so a long prompt never stalls the streams
-already decoding). A request that finishes (EOS, stop id, stop string, max tokens, a full row) or is
-cancelled frees its row at once, and a waiting one takes it in the next step.
+``prefill_tokens`` prompt tokens per step over all rows, ``STEP_PROMPT_TOKENS`` by default, so a long
+prompt delays the streams already decoding by a bounded step). A request that finishes (EOS, stop id,
+stop string, max tokens, a full row) or is cancelled frees its row at once, and a waiting one takes it
+in the next step.
 
 Callers on any thread use ``submit`` (validates, then queues or refuses) and ``Request.cancel``; events
 come back through the request's ``on_event`` callback, called on the engine thread (keep it quick: the
@@ -33,6 +34,12 @@ from linnet.tokenizer import Tokenizer
 log = logging.getLogger("linnet.serve")
 
 STOP, LENGTH, CANCELLED, ERROR = "stop", "length", "cancelled", "error"
+
+# Prompt tokens a step takes over all rows: vLLM's CPU server's budget. A burst of prompts is read in a
+# step or two rather than 256 tokens a step, each beside a decode step of the rows already running: the
+# last first token of the burst comes sooner, the median one later (SmolLM2, 16 prompts at once: p99
+# 1408 against 1863 ms, p50 1233 against 498; docs/SERVE.md).
+STEP_PROMPT_TOKENS = 2048
 
 
 class RequestError(LinnetError):
@@ -135,14 +142,16 @@ class _Running:
 
 class Engine:
     def __init__(self, runner: Runner, tokenizer: Tokenizer | None = None, max_queue: int = 256,
-                 prefill_tokens: int | None = None):
+                 prefill_tokens: int = STEP_PROMPT_TOKENS):
         if max_queue < 0:
             raise LinnetError(f"max_queue must not be negative, got {max_queue}")
+        if prefill_tokens < 1:
+            raise LinnetError(f"prefill_tokens must be at least 1, got {prefill_tokens}")
         self.runner = runner
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(tokenizer.eos_ids if tokenizer else ())
         self.max_queue = max_queue
-        self.prefill_tokens = prefill_tokens or runner.prefill_chunk  # prompt tokens per step, all rows
+        self.prefill_tokens = prefill_tokens  # prompt tokens per step, all rows
         self.metrics = Metrics()
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from linnet.serve.engine import STEP_PROMPT_TOKENS
+
 TEMPLATE = Path(__file__).with_name("model.py")
 
 # (name, Triton type, dims): every input but the prompt is optional, with the defaults model.py gives.
@@ -47,6 +49,7 @@ class Settings:
     positions: int = 640
     max_queue: int = 256
     threads: int = 0  # 0: the backend's choice
+    prefill_tokens: int = STEP_PROMPT_TOKENS  # prompt tokens a step reads over all rows
 
 
 def config_pbtxt(name: str, settings: Settings) -> str:

@@ -36,7 +36,8 @@ class TritonPythonModel:
         shape = CacheShape(int(settings["rows"]), int(settings["positions"]))
         runner = create_runner(backend, model.weights, shape, dtype=settings["dtype"])
         self.tokenizer = model.tokenizer
-        self.engine = Engine(runner, model.tokenizer, max_queue=int(settings["max_queue"]))
+        self.engine = Engine(runner, model.tokenizer, max_queue=int(settings["max_queue"]),
+                             prefill_tokens=int(settings["prefill_tokens"]))
         self.engine.warm_up()  # a compiled backend compiles now, not in the first request
         self.engine.start()
         self.outbox = queue.Queue()  # (Reply, Event) from the engine thread, None to stop

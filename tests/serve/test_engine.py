@@ -7,6 +7,7 @@ import pytest
 
 from linnet.backends import CacheShape, create_runner
 from linnet.backends.registry import backends, get_backend
+from linnet.errors import LinnetError
 from linnet.generation import Sampling, generate
 from linnet.model import open_model
 from linnet.serve import CANCELLED, LENGTH, STOP, Engine, Params, QueueFull, RequestError
@@ -49,6 +50,31 @@ def test_concurrent_requests_give_the_tokens_each_gives_alone(checkpoint_dir, ba
     rows = [r.row for r in requests]
     assert set(rows) <= set(range(ROWS)) and len(rows) > ROWS  # seven requests took turns in three rows
     assert engine.rows_busy == 0 and engine.queue_length == 0
+
+
+@pytest.mark.parametrize("budget, steps_to_first_tokens", [(None, 1), (12, 3)])
+def test_a_burst_of_prompts_reads_within_the_step_budget(checkpoint_dir, budget, steps_to_first_tokens):
+    """By default a burst of prompts is read in one step (vLLM's 2048 tokens a step); a smaller budget
+    spreads the same prompts over steps, at most that many prompt tokens in each."""
+    runner, tokenizer = make_runner(checkpoint_dir, "reference:numpy")
+    fed, step = [], runner.step
+    runner.step = lambda prefill=(), decode=(), **kw: fed.append(sum(len(p.tokens) for p in prefill)) or step(
+        prefill=prefill, decode=decode, **kw)
+    engine = Engine(runner, tokenizer, **({} if budget is None else {"prefill_tokens": budget}))
+    requests = [engine.submit(prompt(n, s), Params(max_tokens=1, ignore_eos=True)) for n, s in ((9, 1), (14, 2), (5, 3))]
+    engine.start()
+    try:
+        assert all(r.result().completion_tokens == 1 for r in requests)
+    finally:
+        engine.stop()
+    assert sum(fed) == 28 and max(fed) <= (budget or 2048)
+    assert len([n for n in fed if n]) == steps_to_first_tokens
+
+
+def test_the_step_budget_must_be_positive(checkpoint_dir):
+    runner, tokenizer = make_runner(checkpoint_dir, "reference:numpy")
+    with pytest.raises(LinnetError, match="prefill_tokens must be at least 1"):
+        Engine(runner, tokenizer, prefill_tokens=0)
 
 
 def test_the_warm_up_runs_every_shape_a_step_will_run(checkpoint_dir):

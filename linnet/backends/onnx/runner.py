@@ -132,6 +132,11 @@ class OnnxRunner(Runner):
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = threads()
         options.inter_op_num_threads = 1
+        if self.mode == "cpu":
+            # Parallel loops hand out work in shrinking blocks that idle threads take, rather than one share
+            # a thread: a thread the OS preempts (for the HTTP server, or a client on the same cores) then
+            # delays the step less. linnet serve, 2 threads: +5% tokens/s, four pairs taking turns.
+            options.add_session_config_entry("session.dynamic_block_base", "4")
         options.log_severity_level = 3  # warnings about the optimizer's own choices are not the user's
         provider = PROVIDERS[self.mode]
         providers: list[Any] = [provider]

@@ -21,8 +21,9 @@ loop streaming the weights at memory speed (Linnet compiles it with a pass that 
 input to a buffer first, so that the loop reads nothing else per weight).
 The KV cache is fixed: [layers][rows, kv_heads, positions, head_dim], written in place (the step never
 reads the old cache again). A call writes its keys and values at `positions` of `rows` first, then
-attends causally over the whole row (positions a row has not written are masked out), so prefill and
-decode are one function and every decode step has one shape. The rotary tables are given to `Model`
+attends causally over the row (positions a row has not written are masked out), so prefill and decode
+are one function. Compiled, it attends over the whole row, so that every decode step has one shape; eager,
+over the positions up to the step's last. The rotary tables are given to `Model`
 (float32 [positions, HEAD_DIM], as Linnet's `linnet.rope.rope_tables` computes them).
 """
 import torch
@@ -88,17 +89,34 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
-def cache_write(cache: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+def cache_write(cache: torch.Tensor, rows: torch.Tensor | slice, positions: torch.Tensor,
+                value: torch.Tensor) -> torch.Tensor:
     """value [R, T, KV_HEADS, D] written at (rows, positions), in place."""
-    cache[rows[:, None], :, positions] = value
+    if isinstance(rows, slice):  # consecutive rows: write through their view
+        cache[rows][torch.arange(value.shape[0], device=value.device)[:, None], :, positions] = value
+    else:
+        cache[rows[:, None], :, positions] = value
     return cache
 
 
+def row_window(rows: torch.Tensor) -> torch.Tensor | slice:
+    """rows [R] as a slice where they are consecutive, as the serving engine's steps mostly are: their
+    cache is then read as a view rather than copied, which is most of an eager decode step's attention."""
+    first = int(rows[0])
+    consecutive = torch.equal(rows, torch.arange(first, first + rows.shape[0], device=rows.device))
+    return slice(first, first + rows.shape[0]) if consecutive else rows
+
+
 def attention(q, cache_k, cache_v, rows, mask) -> torch.Tensor:
-    """q [R, T, HEADS, D] against the rows' cache, causally: mask [R, 1, T, positions]."""
+    """q [R, T, HEADS, D] against the rows' cache up to mask's length, causally: mask [R, 1, T, keys]."""
     if compiled_decode(q):
         return decode_attention(q, cache_k[rows], cache_v[rows], mask)
-    keys, values = cache_k[rows], cache_v[rows]
+    keys, values = cache_k[rows, :, :mask.shape[-1]], cache_v[rows, :, :mask.shape[-1]]
+    if q.shape[1] == 1:  # one query a row: a key head's group of query heads are the rows of one product
+        groups = HEADS // KV_HEADS
+        scores = (q.view(q.shape[0], KV_HEADS, groups, HEAD_DIM) * HEAD_DIM**-0.5) @ keys.transpose(-1, -2)
+        scores = scores.masked_fill(~mask, float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
+        return (scores @ values).view(q.shape[0], 1, HEADS * HEAD_DIM)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True)
     return out.transpose(1, 2).flatten(2)
 
@@ -161,7 +179,10 @@ class Model(torch.nn.Module):
         """tokens, positions [R, T]; rows [R]; select [R, S] or None (every token). Logits [R, S, vocab], float32."""
         w = self
         cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]
-        mask = (self.key_positions <= positions[..., None])[:, None]
+        keys = self.key_positions
+        if not torch.compiler.is_compiling():  # eager: attend over the positions written so far, not all
+            keys, rows = keys[:int(positions.max()) + 1], row_window(rows)
+        mask = (keys <= positions[..., None])[:, None]
 {embed_body}
         for w, cache_k, cache_v in zip(self.layers, self.cache_k, self.cache_v):
             x, _, _ = layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask)  # caches written in place
@@ -219,6 +240,8 @@ ONEDNN = torch.backends.mkldnn.is_available()
 
 def matmul_t(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., in] times w [out, in] transposed, in x's dtype (w widened to it)."""
+    if w.is_mkldnn:  # re-laid for oneDNN at load (eager on a CPU)
+        return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
     if ONEDNN and x.device.type == "cpu" and x.dtype == torch.float32:
         return torch.ops.linnet.matmul_t(x, w)
     return x @ w.to(x.dtype).T

@@ -125,6 +125,7 @@ class TorchRunner(Runner):
         self.model = module.Model(tensors, torch.from_numpy(cos), torch.from_numpy(sin), cache.rows,
                                   TORCH_DTYPES[self.act])
         self._prefill_fn, self._decode_fn = self.model, self.model
+        self.prepacked = mode == "eager" and _prepack_products(self.model, program, cache.rows)
         if mode in ("inductor", "cudagraphs"):
             self._compile()
         self._graph = None
@@ -267,6 +268,7 @@ class TorchRunner(Runner):
     def describe(self) -> dict:
         return {**super().describe(), "dtype": self.dtype, "arithmetic": self.act, "device": str(self.device),
                 "threads": torch.get_num_threads(),
+                **({"products": "oneDNN, weights re-laid at load"} if self.prepacked else {}),
                 **({"blocks": ", ".join(self.quantized), "block_products": "dequantised in the product's loop"}
                    if self.quantized else {})}
 
@@ -275,6 +277,26 @@ class TorchRunner(Runner):
             free, total = torch.cuda.mem_get_info(self.device)
             return max(torch.cuda.max_memory_reserved(self.device), total - free)
         return super().peak_memory()
+
+
+def _prepack_products(model: torch.nn.Module, program: Program, rows: int) -> bool:
+    """Re-lay every f32 matrix product's weight for oneDNN once, at load (eager on a CPU); whether it did.
+    oneDNN re-lays a plain weight at every call: a 16-row SmolLM2 step's products took 2.3x as long
+    (docs/SERVE.md). Packed for ``rows`` rows, the serving engine's full step; a tied head gets a packed
+    copy of its own, since the embedding's lookups need the table as it is. Compiled steps cannot take
+    the packed tensors (opaque to inductor), so only eager packs."""
+    if not (torch.backends.mkldnn.is_available() and model.embed.device.type == "cpu"):
+        return False
+    names = {op.inputs[1].removeprefix("w.") for section in (program.layer, program.head) for op in section.ops
+             if op.kind in ("linear", "rms_linear")}
+    owners = [(block, name) for block in model.layers for name in names] + [(model, name) for name in names]
+    packed = False
+    for owner, name in owners:
+        weight = owner._buffers.get(name)
+        if isinstance(weight, torch.Tensor) and weight.dtype == torch.float32 and weight.dim() == 2:
+            owner._buffers[name] = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+            packed = True
+    return packed
 
 
 def _note(line: str) -> None:
