@@ -285,10 +285,10 @@ class TorchRunner(Runner):
 
 def _prepack_products(model: torch.nn.Module, program: Program, rows: int) -> bool:
     """Re-lay every f32 matrix product's weight for oneDNN once, at load (eager on a CPU); whether it did.
-    oneDNN re-lays a plain weight at every call: a 16-row SmolLM2 step's products took 2.3x as long
-    (docs/SERVE.md). Packed for ``rows`` rows, the serving engine's full step; a tied head gets a packed
-    copy of its own, since the embedding's lookups need the table as it is. Compiled steps cannot take
-    the packed tensors (opaque to inductor), so only eager packs."""
+    oneDNN re-lays a plain weight at every call: SmolLM2's products of one layer and the head, 16 rows,
+    took 14.5 ms as stored and 6.2 packed. Packed for ``rows`` rows, the serving engine's full step; a tied
+    head gets a packed copy of its own, since the embedding's lookups need the table as it is. Compiled
+    steps cannot take the packed tensors (opaque to inductor), so only eager packs."""
     if not (torch.backends.mkldnn.is_available() and model.embed.device.type == "cpu"):
         return False
     names = {op.inputs[1].removeprefix("w.") for section in (program.layer, program.head) for op in section.ops

@@ -1,0 +1,39 @@
+"""The eager runner on a CPU: f32 products on weights re-laid for oneDNN at load, and several rows in
+one step reading consecutive cache rows as views."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from linnet.backends import CacheShape, Decode, Prefill, create_runner
+from linnet.model import open_model
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
+
+
+def test_eager_packs_every_product_weight_and_keeps_the_embedding(checkpoint_dir):
+    weights = open_model(str(checkpoint_dir("qwen2-tied"))).weights  # tied: the head is the embedding
+    model = create_runner("torch:eager", weights, CacheShape(2, 64)).model
+    products = [getattr(layer, name) for layer in model.layers for name in ("qkv", "o", "gate_up", "down")]
+    assert all(w.is_mkldnn for w in products) and model.lm_head.is_mkldnn
+    assert not model.embed.is_mkldnn  # the lookups read the table as it is
+
+
+def test_rows_in_any_order_give_the_tokens_they_give_alone(checkpoint_dir):
+    """Consecutive rows go through cache views, others through copies: both give each row's own tokens."""
+    weights = open_model(str(checkpoint_dir("qwen2-tied"))).weights
+    prompts = {row: list(np.random.RandomState(row).randint(5, 300, size=3 + 2 * row)) for row in range(5)}
+
+    def run(rows: list[int], steps: int = 4) -> dict[int, list[int]]:
+        runner = create_runner("torch:eager", weights, CacheShape(5, 64))  # decode sizes 1, 4, 5
+        out = {row: [runner.step(prefill=[Prefill(row, prompts[row])])[row].token] for row in rows}
+        for _ in range(steps):
+            results = runner.step(decode=[Decode(row, out[row][-1]) for row in rows])
+            for row in rows:
+                out[row].append(results[row].token)
+        return out
+
+    alone = {row: run([row])[row] for row in prompts}
+    assert run([0, 1, 2, 3, 4]) == alone  # one window of consecutive rows
+    assert run([0, 2, 4]) == {row: alone[row] for row in (0, 2, 4)}  # padded with row 1: rows 0, 1, 2, 4
