@@ -20,6 +20,7 @@ from linnet.errors import LinnetError
 from linnet.model import open_model
 from linnet.sampling import Sampling
 from linnet.serve import CANCELLED, ERROR, Engine, Params
+from linnet.serve.engine import STEP_PROMPT_TOKENS
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 METRICS_PERIOD_S = 0.25  # how often the engine's counts are copied into Triton's metrics
@@ -36,8 +37,8 @@ class TritonPythonModel:
         shape = CacheShape(int(settings["rows"]), int(settings["positions"]))
         runner = create_runner(backend, model.weights, shape, dtype=settings["dtype"])
         self.tokenizer = model.tokenizer
-        self.engine = Engine(runner, model.tokenizer, max_queue=int(settings["max_queue"]),
-                             prefill_tokens=int(settings["prefill_tokens"]))
+        step_tokens = int(settings.get("prefill_tokens", STEP_PROMPT_TOKENS))  # repositories written before it
+        self.engine = Engine(runner, model.tokenizer, max_queue=int(settings["max_queue"]), prefill_tokens=step_tokens)
         self.engine.warm_up()  # a compiled backend compiles now, not in the first request
         self.engine.start()
         self.outbox = queue.Queue()  # (Reply, Event) from the engine thread, None to stop
