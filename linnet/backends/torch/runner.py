@@ -291,9 +291,11 @@ def _prepack_products(model: torch.nn.Module, program: Program, rows: int) -> bo
     steps cannot take the packed tensors (opaque to inductor), so only eager packs."""
     if not (torch.backends.mkldnn.is_available() and model.embed.device.type == "cpu"):
         return False
-    names = {op.inputs[1].removeprefix("w.") for section in (program.layer, program.head) for op in section.ops
-             if op.kind in ("linear", "rms_linear")}
-    owners = [(block, name) for block in model.layers for name in names] + [(model, name) for name in names]
+    def products(section) -> set[str]:
+        return {op.inputs[1].removeprefix("w.") for op in section.ops if op.kind in ("linear", "rms_linear")}
+
+    owners = [(block, name) for block in model.layers for name in products(program.layer)]
+    owners += [(model, name) for name in products(program.head)]
     packed = False
     for owner, name in owners:
         weight = owner._buffers.get(name)
