@@ -229,6 +229,12 @@ class TorchRunner(Runner):
         # took a second of a fresh `linnet run` that loads packages
         return self._prefill_fn(t, p, r, s)
 
+    @property
+    def scratch_position(self) -> int:
+        """The model's last position (its cache is allocated bucketed, + 1), so that eager attention, which
+        reads up to the last position written, can tell idle rows' writes from a real row's."""
+        return self.model.key_positions.shape[0] - 1
+
     def decode_sizes(self) -> tuple[int, ...]:
         # one CUDA graph, captured for every row
         return (self.cache.rows,) if self.mode == "cudagraphs" else super().decode_sizes()

@@ -37,3 +37,22 @@ def test_rows_in_any_order_give_the_tokens_they_give_alone(checkpoint_dir):
     alone = {row: run([row])[row] for row in prompts}
     assert run([0, 1, 2, 3, 4]) == alone  # one window of consecutive rows
     assert run([0, 2, 4]) == {row: alone[row] for row in (0, 2, 4)}  # padded with row 1: rows 0, 1, 2, 4
+
+
+def test_idle_rows_do_not_widen_eager_attention(checkpoint_dir):
+    """Idle rows pad a step at the scratch position, the model's last: eager attention reads up to the
+    last position a real row is at, not the whole cache."""
+    weights = open_model(str(checkpoint_dir("qwen2-tied"))).weights
+    runner = create_runner("torch:eager", weights, CacheShape(4, 64))  # decode sizes 1, 4
+    assert runner.scratch_position == runner.model.key_positions.shape[0] - 1 >= 64
+    seen = []
+    module = __import__(type(runner.model).__module__, fromlist=["attention"])
+    attention = module.attention
+    module.attention = lambda q, k, v, rows, mask: seen.append(mask.shape[-1]) or attention(q, k, v, rows, mask)
+    try:
+        first = runner.step(prefill=[Prefill(0, [5, 6, 7])])[0].token
+        seen.clear()
+        runner.step(decode=[Decode(0, first), Decode(2, first)])  # padded to 4 rows with rows 1 and 3
+    finally:
+        module.attention = attention
+    assert set(seen) == {4}  # row 0 at position 3, row 2 at 0: four keys in every layer

@@ -248,7 +248,9 @@ class Model(torch.nn.Module):
         cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]
         keys = self.key_positions
         if not torch.compiler.is_compiling():  # eager: attend over the positions written so far, not all
-            keys, rows = keys[:int(positions.max()) + 1], row_window(rows)
+            # (but for the last, the scratch position, where a step's idle rows write and no real row reads)
+            written = positions[positions < keys.shape[0] - 1]
+            keys, rows = keys[:int(written.max()) + 1 if written.numel() else 1], row_window(rows)
         mask = (keys <= positions[..., None])[:, None]
         x = embedding(tokens, w.embed)
         for w, cache_k, cache_v in zip(self.layers, self.cache_k, self.cache_v):
