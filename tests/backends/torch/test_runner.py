@@ -2,6 +2,8 @@
 one step reading consecutive cache rows as views."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -12,17 +14,20 @@ from linnet.model import open_model
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
 
 
-def test_eager_packs_every_product_weight_and_keeps_the_embedding(checkpoint_dir):
-    weights = open_model(str(checkpoint_dir("qwen2-tied"))).weights  # tied: the head is the embedding
+@pytest.fixture(scope="module")
+def weights(checkpoint_dir):
+    return open_model(str(checkpoint_dir("qwen2-tied"))).weights  # tied: the head is the embedding
+
+
+def test_eager_packs_every_product_weight_and_keeps_the_embedding(weights):
     model = create_runner("torch:eager", weights, CacheShape(2, 64)).model
     products = [getattr(layer, name) for layer in model.layers for name in ("qkv", "o", "gate_up", "down")]
     assert all(w.is_mkldnn for w in products) and model.lm_head.is_mkldnn
     assert not model.embed.is_mkldnn  # the lookups read the table as it is
 
 
-def test_rows_in_any_order_give_the_tokens_they_give_alone(checkpoint_dir):
+def test_rows_in_any_order_give_the_tokens_they_give_alone(weights):
     """Consecutive rows go through cache views, others through copies: both give each row's own tokens."""
-    weights = open_model(str(checkpoint_dir("qwen2-tied"))).weights
     prompts = {row: list(np.random.RandomState(row).randint(5, 300, size=3 + 2 * row)) for row in range(5)}
 
     def run(rows: list[int], steps: int = 4) -> dict[int, list[int]]:
@@ -39,20 +44,15 @@ def test_rows_in_any_order_give_the_tokens_they_give_alone(checkpoint_dir):
     assert run([0, 2, 4]) == {row: alone[row] for row in (0, 2, 4)}  # padded with row 1: rows 0, 1, 2, 4
 
 
-def test_idle_rows_do_not_widen_eager_attention(checkpoint_dir):
+def test_idle_rows_do_not_widen_eager_attention(weights, monkeypatch):
     """Idle rows pad a step at the scratch position, the model's last: eager attention reads up to the
     last position a real row is at, not the whole cache."""
-    weights = open_model(str(checkpoint_dir("qwen2-tied"))).weights
     runner = create_runner("torch:eager", weights, CacheShape(4, 64))  # decode sizes 1, 4
     assert runner.scratch_position == runner.model.key_positions.shape[0] - 1 >= 64
-    seen = []
-    module = __import__(type(runner.model).__module__, fromlist=["attention"])
+    first = runner.step(prefill=[Prefill(0, [5, 6, 7])])[0].token
+    module, seen = sys.modules[type(runner.model).__module__], []  # the generated source's module
     attention = module.attention
-    module.attention = lambda q, k, v, rows, mask: seen.append(mask.shape[-1]) or attention(q, k, v, rows, mask)
-    try:
-        first = runner.step(prefill=[Prefill(0, [5, 6, 7])])[0].token
-        seen.clear()
-        runner.step(decode=[Decode(0, first), Decode(2, first)])  # padded to 4 rows with rows 1 and 3
-    finally:
-        module.attention = attention
+    monkeypatch.setattr(module, "attention", lambda q, k, v, rows, mask: seen.append(mask.shape[-1]) or
+                        attention(q, k, v, rows, mask))
+    runner.step(decode=[Decode(0, first), Decode(2, first)])  # padded to 4 rows with rows 1 and 3
     assert set(seen) == {4}  # row 0 at position 3, row 2 at 0: four keys in every layer
