@@ -1,5 +1,6 @@
-"""The eager runner on a CPU: f32 products on weights re-laid for oneDNN at load, and several rows in
-one step reading consecutive cache rows as views."""
+"""The torch runner on a CPU: f32 products on weights re-laid for oneDNN at load (eager: instead of the
+plain ones; inductor serving several rows: beside them), several rows in one step reading consecutive
+cache rows as views, and attention that reads no further than the step's last real position."""
 from __future__ import annotations
 
 import sys
@@ -56,3 +57,31 @@ def test_idle_rows_do_not_widen_eager_attention(weights, monkeypatch):
                         attention(q, k, v, rows, mask))
     runner.step(decode=[Decode(0, first), Decode(2, first)])  # padded to 4 rows with rows 1 and 3
     assert set(seen) == {4}  # row 0 at position 3, row 2 at 0: four keys in every layer
+
+
+def test_compiled_steps_of_several_rows_carry_relaid_weights(weights):
+    """inductor's one-row products stream the plain weights; its products of several rows take the
+    re-laid copy each weight carries. A one-row runner keeps the plain ones only."""
+    model = create_runner("torch:inductor", weights, CacheShape(4, 64)).model
+    products = [getattr(layer, name) for layer in model.layers for name in ("qkv", "o", "gate_up", "down")]
+    assert all(not w.is_mkldnn and w.onednn.is_mkldnn for w in [*products, model.lm_head])
+    assert model.lm_head is model.embed  # tied: the table itself carries the head's copy
+    one_row = create_runner("torch:inductor", weights, CacheShape(1, 64)).model
+    assert not hasattr(one_row.layers[0].qkv, "onednn")
+
+
+def test_a_compiled_step_reads_no_cache_position_past_its_span(weights):
+    """The compiled prompt and decode steps attend up to the step's last real position: positions past
+    it (4 and on, for every row) hold NaN here, which any read of them would carry into the logits."""
+    clean = create_runner("torch:inductor", weights, CacheShape(4, 64))
+    poisoned = create_runner("torch:inductor", weights, CacheShape(4, 64))
+    for cache in (*poisoned.model.cache_k, *poisoned.model.cache_v):
+        cache[:, :, 4:] = float("nan")
+    results = []
+    for runner in (clean, poisoned):
+        prompt = runner.step(prefill=[Prefill(0, [5, 6, 7]), Prefill(2, [8])], logits=True)
+        decode = runner.step(decode=[Decode(0, prompt[0].token), Decode(2, prompt[2].token)], logits=True)
+        results.append([r.logits for r in (prompt[0], prompt[2], decode[0], decode[2])])
+    for got, expected in zip(*results[::-1]):
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)

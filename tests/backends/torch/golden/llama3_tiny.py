@@ -12,8 +12,9 @@ input to a buffer first, so that the loop reads nothing else per weight).
 The KV cache is fixed: [layers][rows, kv_heads, positions, head_dim], written in place (the step never
 reads the old cache again). A call writes its keys and values at `positions` of `rows` first, then
 attends causally over the row (positions a row has not written are masked out), so prefill and decode
-are one function. Compiled, it attends over the whole row, so that every decode step has one shape; eager,
-over the positions up to the step's last. The rotary tables are given to `Model`
+are one function. It attends over `key_positions`' length: eager, up to the step's last position; a
+compiled step takes them as an input of any length (Linnet's runner passes the positions up to the step's
+last), so that its attention too reads only what the rows hold. The rotary tables are given to `Model`
 (float32 [positions, HEAD_DIM], as Linnet's `linnet.rope.rope_tables` computes them).
 """
 import torch
@@ -49,7 +50,9 @@ NATIVE_16BIT = {torch.bfloat16: torch.cpu._is_avx512_bf16_supported() or torch.c
 # torch's CPU build multiplies float32 matrices with MKL, whose kernels run at half speed on AMD CPUs (a
 # 512-row product of Qwen2.5-0.5B's MLP: 157 GFLOP/s against oneDNN's 385 on an EPYC, 2 cores); oneDNN
 # is as fast on Intel's. Compiled code calls oneDNN through this op as it is: inductor's own lowering of
-# oneDNN's product takes constant weights only, and would re-lay them at compile time. A 16-bit weight
+# oneDNN's product takes constant weights only, and would re-lay them at compile time. oneDNN re-lays a
+# plain weight at every call; a weight may carry a copy re-laid once as its attribute `onednn` (Linnet's
+# runner adds them for steps of several rows), which the op, given the very tensor, uses. A 16-bit weight
 # is widened into a buffer kept for the purpose: widened into fresh memory, the page faults cost 13
 # times the conversion (16 against 1.2 ms for a 9728 x 896 matrix). The buffer stays as large as the
 # largest matrix widened so far (a 16-bit head, for steps of several rows). A call takes it out while it
@@ -60,7 +63,7 @@ if not hasattr(torch.ops.linnet, "matmul_t"):  # once per process, whichever gen
     @torch.library.custom_op("linnet::matmul_t", mutates_args=())
     def _matmul_t(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if w.dtype == x.dtype:
-            return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(x, getattr(w, "onednn", w), None, "none", [], "")
         wide = _WIDE.pop(x.dtype, None)
         if wide is None or wide.numel() < w.numel():
             wide = torch.empty(w.numel(), dtype=x.dtype)
@@ -158,9 +161,14 @@ def row_window(rows: torch.Tensor) -> torch.Tensor | slice:
 
 def attention(q, cache_k, cache_v, rows, mask) -> torch.Tensor:
     """q [R, T, HEADS, D] against the rows' cache up to mask's length, causally: mask [R, 1, T, keys]."""
+    span = mask.shape[-1]
+    if torch.compiler.is_compiling():  # an exported step's span is symbolic: gathered (and fused into the
+        within = torch.arange(span, device=q.device)  # loops that read it), as a view it would be fixed
+        keys, values = cache_k[rows].index_select(2, within), cache_v[rows].index_select(2, within)
+    else:
+        keys, values = cache_k[rows, :, :span], cache_v[rows, :, :span]
     if compiled_decode(q):
-        return decode_attention(q, cache_k[rows], cache_v[rows], mask)
-    keys, values = cache_k[rows, :, :mask.shape[-1]], cache_v[rows, :, :mask.shape[-1]]
+        return decode_attention(q, keys, values, mask)
     if q.shape[1] == 1:  # one query a row: a key head's group of query heads are the rows of one product
         groups = HEADS // KV_HEADS
         scores = (q.view(q.shape[0], KV_HEADS, groups, HEAD_DIM) * HEAD_DIM**-0.5) @ keys.transpose(-1, -2)
