@@ -42,6 +42,7 @@ def handle(args: argparse.Namespace) -> int:
 
     from linnet.serve.app import create_app
     from linnet.serve.engine import Engine
+    from linnet.serve.model_thread import ModelThread
 
     args.backend = args.backend or default_backend(args.dtype)
     model = open_model(args.model)
@@ -49,8 +50,10 @@ def handle(args: argparse.Namespace) -> int:
         raise LinnetError(f"{model.path} has no tokenizer.json; linnet serve needs one")
     if args.positions > model.spec.max_positions:
         raise LinnetError(f"--positions {args.positions} is more than the model's {model.spec.max_positions}")
-    runner = make_runner(model, args, args.positions, rows=args.rows)
-    engine = Engine(runner, model.tokenizer, max_queue=args.max_queue, prefill_tokens=args.prefill_tokens)
+    thread = ModelThread()  # the runner is built, warmed up and stepped on one thread (linnet.serve.model_thread)
+    runner = thread.run(make_runner, model, args, args.positions, rows=args.rows)
+    engine = Engine(runner, model.tokenizer, max_queue=args.max_queue, prefill_tokens=args.prefill_tokens,
+                    thread=thread)
     engine.warm_up()
     name = args.name or args.model
     print(f"linnet serve: {name} on {args.backend} {args.dtype}, {args.rows} rows x {args.positions} positions, "

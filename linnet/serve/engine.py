@@ -1,6 +1,8 @@
 """The serving engine: continuous batching of many requests over a runner's fixed cache rows.
 
-One thread owns the runner and calls its batched ``step`` in a loop. Each request gets a cache row of
+One thread owns the runner and calls its batched ``step`` in a loop (a ``ModelThread``, given or the
+engine's own: build the runner there too, ``thread.run(create_runner, ...)``, since a torch runner
+stepped on another thread than the one it was built and warmed up on runs slower). Each request gets a cache row of
 its own; a request that finds every row busy waits in a bounded queue. Each step feeds every running
 row: a decoding row its last token, a row still reading its prompt the next chunk of it (at most
 ``prefill_tokens`` prompt tokens per step over all rows, ``STEP_PROMPT_TOKENS`` by default, so a long
@@ -22,6 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from linnet.backends.runner import CACHE_FULL, OK, Decode, Prefill, RowResult, Runner
@@ -29,6 +32,7 @@ from linnet.errors import LinnetError
 from linnet.generation.text import TextStream
 from linnet.sampling import Sampling
 from linnet.serve.metrics import Metrics
+from linnet.serve.model_thread import ModelThread
 from linnet.tokenizer import Tokenizer
 
 log = logging.getLogger("linnet.serve")
@@ -142,7 +146,7 @@ class _Running:
 
 class Engine:
     def __init__(self, runner: Runner, tokenizer: Tokenizer | None = None, max_queue: int = 256,
-                 prefill_tokens: int = STEP_PROMPT_TOKENS):
+                 prefill_tokens: int = STEP_PROMPT_TOKENS, thread: ModelThread | None = None):
         if max_queue < 0:
             raise LinnetError(f"max_queue must not be negative, got {max_queue}")
         if prefill_tokens < 1:
@@ -158,7 +162,8 @@ class Engine:
         self._cancels: list[Request] = []
         self._running: dict[int, _Running] = {}  # row -> its request, in order of admission
         self._free = list(range(runner.cache.rows))  # a heap: the lowest free row is taken first
-        self._thread: threading.Thread | None = None
+        self._thread, self._own_thread = thread, thread is None  # the engine's own: made when first needed
+        self._loop_done: Future | None = None
         self._stopping = False
 
     # -- any thread ----------------------------------------------------------------------------
@@ -176,7 +181,7 @@ class Engine:
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._loop_done is not None and not self._loop_done.done()
 
     def max_tokens_for(self, prompt_tokens: int) -> int:
         """The most tokens a prompt of this length leaves room for (the last one is never fed back)."""
@@ -199,11 +204,17 @@ class Engine:
             self._cond.notify()
         return request
 
+    @property
+    def thread(self) -> ModelThread:
+        """The thread that warms up and steps the runner."""
+        if self._thread is None:
+            self._thread = ModelThread()
+        return self._thread
+
     def start(self) -> Engine:
         with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="linnet-engine", daemon=True)
-                self._thread.start()
+            if self._loop_done is None:
+                self._loop_done = self.thread.submit(self._loop)
         return self
 
     def stop(self) -> None:
@@ -211,17 +222,19 @@ class Engine:
         with self._cond:
             self._stopping = True
             self._cond.notify()
-        if self._thread is not None:
-            self._thread.join()
+        if self._loop_done is not None:
+            self._loop_done.result()
         else:  # never started: end the queued requests here
             self._end_all("the engine stopped")
+        if self._own_thread and self._thread is not None:
+            self._thread.close()
 
     def warm_up(self) -> float:
         """The runner's warm-up (a prompt chunk, and a decode step at each of its decode sizes, on the
         scratch position) before serving: compiled backends compile every shape the engine will run
         here, not in someone's request (a decode size first met under load stalled every row for the
-        length of its compile). Call before ``start``; the seconds it took."""
-        return self.runner.warm_up()
+        length of its compile). Call before ``start``; runs on the engine's thread; the seconds it took."""
+        return self.thread.run(self.runner.warm_up)
 
     def _check(self, prompt_ids: list[int], params: Params) -> None:
         positions, vocab = self.runner.cache.positions, self.runner.spec.vocab_size

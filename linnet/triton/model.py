@@ -21,6 +21,7 @@ from linnet.model import open_model
 from linnet.sampling import Sampling
 from linnet.serve import CANCELLED, ERROR, Engine, Params
 from linnet.serve.engine import STEP_PROMPT_TOKENS
+from linnet.serve.model_thread import ModelThread
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 METRICS_PERIOD_S = 0.25  # how often the engine's counts are copied into Triton's metrics
@@ -35,10 +36,12 @@ class TritonPythonModel:
             get_backend(backend).package.set_threads(threads)
         model = open_model(settings["model"])
         shape = CacheShape(int(settings["rows"]), int(settings["positions"]))
-        runner = create_runner(backend, model.weights, shape, dtype=settings["dtype"])
+        thread = ModelThread()  # the runner is built, warmed up and stepped on one thread
+        runner = thread.run(create_runner, backend, model.weights, shape, dtype=settings["dtype"])
         self.tokenizer = model.tokenizer
         step_tokens = int(settings.get("prefill_tokens", STEP_PROMPT_TOKENS))  # repositories written before it
-        self.engine = Engine(runner, model.tokenizer, max_queue=int(settings["max_queue"]), prefill_tokens=step_tokens)
+        self.engine = Engine(runner, model.tokenizer, max_queue=int(settings["max_queue"]), prefill_tokens=step_tokens,
+                             thread=thread)
         self.engine.warm_up()  # a compiled backend compiles now, not in the first request
         self.engine.start()
         self.outbox = queue.Queue()  # (Reply, Event) from the engine thread, None to stop
