@@ -2,8 +2,8 @@
 
 One thread owns the runner and calls its batched ``step`` in a loop (a ``ModelThread``, given or the
 engine's own: build the runner there too, ``thread.run(create_runner, ...)``, since a torch runner
-stepped on another thread than the one it was built and warmed up on runs slower). Each request gets a cache row of
-its own; a request that finds every row busy waits in a bounded queue. Each step feeds every running
+stepped on another thread than the one it was built and warmed up on runs slower). Each request gets
+a cache row of its own; a request that finds every row busy waits in a bounded queue. Each step feeds every running
 row: a decoding row its last token, a row still reading its prompt the next chunk of it (at most
 ``prefill_tokens`` prompt tokens per step over all rows, ``STEP_PROMPT_TOKENS`` by default, so a long
 prompt delays the streams already decoding by a bounded step). A request that finishes (EOS, stop id,
