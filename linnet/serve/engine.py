@@ -2,13 +2,13 @@
 
 One thread owns the runner and calls its batched ``step`` in a loop (a ``ModelThread``, given or the
 engine's own: build the runner there too, ``thread.run(create_runner, ...)``, since a torch runner
-stepped on another thread than the one it was built and warmed up on runs slower). Each request gets
-a cache row of its own; a request that finds every row busy waits in a bounded queue. Each step feeds every running
-row: a decoding row its last token, a row still reading its prompt the next chunk of it (at most
-``prefill_tokens`` prompt tokens per step over all rows, ``STEP_PROMPT_TOKENS`` by default, so a long
-prompt delays the streams already decoding by a bounded step). A request that finishes (EOS, stop id,
-stop string, max tokens, a full row) or is cancelled frees its row at once, and a waiting one takes it
-in the next step.
+stepped on another thread than the one it was built and warmed up on runs slower). Each request gets a
+cache row of its own; a request that finds every row busy waits in a bounded queue. Each step feeds
+every running row: a decoding row its last token, a row still reading its prompt the next chunk of it
+(at most ``prefill_tokens`` prompt tokens per step over all rows, ``STEP_PROMPT_TOKENS`` by default, so
+a long prompt delays the streams already decoding by a bounded step). A request that finishes (EOS,
+stop id, stop string, max tokens, a full row) or is cancelled frees its row at once, and a waiting one
+takes it in the next step.
 
 Callers on any thread use ``submit`` (validates, then queues or refuses) and ``Request.cancel``; events
 come back through the request's ``on_event`` callback, called on the engine thread (keep it quick: the
