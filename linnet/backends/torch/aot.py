@@ -6,9 +6,10 @@ weights: it is built without its constants, and a loaded package is handed the r
 (memory-mapped) weight tensors, so nothing is copied or stored twice. What the model keeps as plain
 tensor attributes (the KV caches, which the step writes in place, the rotary tables and the key
 positions) are inputs of the exported step, so the package reads and writes the runner's own. The key
-positions are an input of any length: a call passes those up to its last real position (``key_span``),
-so that attention reads what the rows hold rather than the whole cache (16 rows of Qwen2.5-0.5B's
-shapes at ~200 of 769 positions: attention was a quarter of a decode step over the whole cache).
+positions are an input of any length: a call passes those up to its last real position (the model's
+``key_span``), so that attention reads what the rows hold rather than the whole cache (16 rows of
+Qwen2.5-0.5B's shapes at ~200 of 769 positions: attention was a quarter of a decode step over the
+whole cache).
 
 The key holds everything the compiled code depends on: the generated source (model shapes, dtype, weight
 forms), every weight's shape, dtype and strides, the step's input shapes (rows, the bucketed cache
@@ -144,15 +145,9 @@ def _load(model: torch.nn.Module, path: Path) -> Callable[..., Any]:
 
     def step(tokens, positions, rows, select):
         inputs = [tokens, positions, rows, *([] if select is None else [select])]
-        keys = model.key_positions[:key_span(positions, model.key_positions.shape[0] - 1)]
+        keys = model.key_positions[:max(2, model.key_span(positions))]  # the exported steps' least span: 2
         inputs += [*model.cache_k, *model.cache_v, model.cos, model.sin, keys]  # STATE, flat
         return package.boxed_run(inputs)[0]
 
     return step
 
-
-def key_span(positions: torch.Tensor, scratch: int) -> int:
-    """How many key positions a step attends over: up to its last real position (idle rows write the
-    scratch position, which no real query reads); at least 2, the exported steps' least."""
-    real = positions[positions < scratch]
-    return max(2, int(real.max()) + 1 if real.numel() else 0)

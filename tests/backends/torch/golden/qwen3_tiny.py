@@ -256,9 +256,7 @@ class Model(torch.nn.Module):
         cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]
         keys = self.key_positions
         if not torch.compiler.is_compiling():  # eager: attend over the positions written so far, not all
-            # (but for the last, the scratch position, where a step's idle rows write and no real row reads)
-            written = positions[positions < keys.shape[0] - 1]
-            keys, rows = keys[:int(written.max()) + 1 if written.numel() else 1], row_window(rows)
+            keys, rows = keys[:self.key_span(positions)], row_window(rows)
         mask = (keys <= positions[..., None])[:, None]
         x = embedding(tokens, w.embed)
         for w, cache_k, cache_v in zip(self.layers, self.cache_k, self.cache_v):
@@ -268,3 +266,9 @@ class Model(torch.nn.Module):
         logits_act = rms_linear(x_sel, 1e-06, w.lm_head)
         logits = logits_act.to(torch.float32)
         return logits
+
+    def key_span(self, positions: torch.Tensor) -> int:
+        """How many key positions a step attends over: up to its last real position. The last position of
+        the cache is scratch, where a step's idle rows write and no real row reads."""
+        written = positions[positions < self.key_positions.shape[0] - 1]
+        return int(written.max()) + 1 if written.numel() else 1
