@@ -22,8 +22,9 @@ import numpy as np
 
 from linnet.bench import arithmetic, machine
 from linnet.bench.harness import importable_here, worker_environment
-from linnet.bench.serving_client import ServingError, run_load
-from linnet.bench.serving_servers import TRITON_ROWS, NotRunnable, Running, free_port, make_server, server_ids
+from linnet.bench.serving_client import Load, ServingError, run_load
+from linnet.bench.serving_servers import (TRITON_ROWS, NotRunnable, Running, Server, free_port, make_server,
+                                          server_ids)
 from linnet.errors import LinnetError
 from linnet.model import open_model, open_spec, resolve
 from linnet.registry.schema import Protocol, Serving
@@ -67,38 +68,66 @@ def random_prompts(vocab_size: int, profile: ServingProfile, seed: int = PROMPT_
 
 
 def serving_rows(model: str, servers: list[str], profile: ServingProfile, dtype: str, threads: int | None,
-                 log: Any = sys.stderr) -> list[Row]:
-    """One row per server, in the order given; a server that cannot run is a row "not run: reason"."""
+                 log: Any = sys.stderr, rounds: int = 1) -> list[Row]:
+    """One row per server, in the order given; a server that cannot run is a row "not run: reason".
+
+    With several ``rounds`` each server is started and measured once a round, every other round in the
+    reverse order (A B, B A, A B, ...): on a VM whose speed drifts over minutes, whichever server runs
+    first in a single round gains or loses by its place, not by itself. A row then holds the median
+    round's throughput, with every round's as samples, and the first tokens of all rounds together."""
     path = resolve(model)
     loaded = open_model(str(path))
     if loaded.tokenizer is None:
         raise LinnetError(f"{path} has no tokenizer.json; linnet serve and the peers' text prompts need one")
+    if rounds < 1:
+        raise LinnetError(f"rounds must be at least 1, got {rounds}")
     hf_dir = path if path.is_dir() else None
     prompts = random_prompts(loaded.spec.vocab_size, profile)
     texts = [loaded.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
     threads = threads or machine.cores()
-    rows = []
+    rows: list[Row] = []
     for spec in servers:
-        print(f"linnet bench-serve: {spec} ...", file=log, flush=True)
-        rows.append(serve_one(spec, str(path), hf_dir, profile, dtype, threads, prompts, texts, log))
+        try:
+            row_id, name, linnet = server_ids(spec)
+            rows.append(Row(row_id, SERVING_GROUP, name, linnet=linnet))
+        except NotRunnable as e:
+            rows.append(Row(spec, SERVING_GROUP, spec, not_run=str(e)))
+    runs: list[list[Run]] = [[] for _ in servers]
+    for n in range(rounds):
+        order = range(len(servers)) if n % 2 == 0 else reversed(range(len(servers)))
+        for i in order:
+            if rows[i].not_run:
+                continue
+            print(f"linnet bench-serve: {servers[i]}{f' (round {n + 1} of {rounds})' if rounds > 1 else ''} ...",
+                  file=log, flush=True)
+            try:
+                runs[i].append(run_server(servers[i], str(path), hf_dir, profile, dtype, threads, prompts, texts, log))
+            except NotRunnable as e:
+                rows[i].not_run = str(e) if rounds == 1 else f"{e} (round {n + 1} of {rounds})"
+    for row, server_runs in zip(rows, runs):
+        if not row.not_run:
+            measured(row, server_runs, profile, prompts)
     add_comparisons(rows)
     return rows
 
 
-def serve_one(spec: str, model: str, hf_dir: Path | None, profile: ServingProfile, dtype: str, threads: int,
-              prompts: list[list[int]], texts: list[str], log: Any) -> Row:
-    try:
-        row_id, name, linnet = server_ids(spec)
-    except NotRunnable as e:
-        return Row(spec, SERVING_GROUP, spec, not_run=str(e))
-    row = Row(row_id, SERVING_GROUP, name, linnet=linnet)
+@dataclass(frozen=True)
+class Run:
+    """One server's start and load: what a row is made of."""
+
+    load_s: float
+    peak_bytes: int
+    load: Load
+    server: Server
+
+
+def run_server(spec: str, model: str, hf_dir: Path | None, profile: ServingProfile, dtype: str, threads: int,
+               prompts: list[list[int]], texts: list[str], log: Any) -> Run:
+    """Start the server, send it the load, stop it. Raises NotRunnable with the reason where it did not run
+    (a request that failed: "failed: ...")."""
     port = free_port()
-    try:
-        server = make_server(spec, model, hf_dir, port, profile.positions, profile.concurrency, profile.requests,
-                             profile.new_tokens, dtype, threads)
-    except NotRunnable as e:
-        row.not_run = str(e)
-        return row
+    server = make_server(spec, model, hf_dir, port, profile.positions, profile.concurrency, profile.requests,
+                         profile.new_tokens, dtype, threads)
     running = Running(server, port)
     try:
         running.wait_ready()
@@ -108,25 +137,35 @@ def serve_one(spec: str, model: str, hf_dir: Path | None, profile: ServingProfil
         print(f"linnet bench-serve: {spec} ready in {load_s:.1f} s; {profile.describe()}", file=log, flush=True)
         load = run_load(running.url, server.model, sent, profile.new_tokens, profile.concurrency, server.body,
                         server.api)
-    except (NotRunnable, ServingError) as e:
-        row.not_run = f"failed: {e}" if isinstance(e, ServingError) else str(e)
-        return row
+    except ServingError as e:
+        raise NotRunnable(f"failed: {e}") from None
     finally:
         running.stop()
-    ttft_ms = [t.first_token_s * 1000 for t in load.timings]
-    gaps_ms = [g * 1000 for t in load.timings for g in t.chunk_gaps_s]
-    row.metrics = {"serve_tok_s": Metric(load.completion_tokens / load.wall_s),
+    return Run(load_s, running.peak_bytes, load, server)
+
+
+def measured(row: Row, runs: list[Run], profile: ServingProfile, prompts: list[list[int]]) -> None:
+    """The row's metrics and notes from its runs (one a round)."""
+    several = len(runs) > 1
+    tok_s = [r.load.completion_tokens / r.load.wall_s for r in runs]
+    load_s = [r.load_s for r in runs]
+    timings = [t for r in runs for t in r.load.timings]
+    ttft_ms = [t.first_token_s * 1000 for t in timings]
+    gaps_ms = [g * 1000 for t in timings for g in t.chunk_gaps_s]
+    row.metrics = {"serve_tok_s": Metric(statistics.median(tok_s), tok_s if several else None),
                    "serve_ttft_ms": Metric(statistics.median(ttft_ms), ttft_ms),
-                   "load_s": Metric(load_s),
-                   "peak_mem_gib": Metric(running.peak_bytes / 2**30)}
-    row.memory_is_setting = server.memory_is_setting
-    row.notes = [profile.describe(), *server.notes,
+                   "load_s": Metric(statistics.median(load_s), load_s if several else None),
+                   "peak_mem_gib": Metric(max(r.peak_bytes for r in runs) / 2**30)}
+    row.memory_is_setting = runs[0].server.memory_is_setting
+    rounds = [f"{len(runs)} rounds (the servers' order reversed every other round): throughput the median "
+              f"round's, of {', '.join(f'{x:.1f}' for x in tok_s)} tok/s; first tokens and gaps over every "
+              f"round's requests"] if several else []
+    row.notes = [profile.describe(), *runs[0].server.notes, *rounds,
                  f"time to first token: mean {statistics.mean(ttft_ms):.0f} ms, p50 {percentile(ttft_ms, 50):.0f} ms, "
                  f"p99 {percentile(ttft_ms, 99):.0f} ms",
                  f"inter-token latency (gaps between streamed chunks): p50 {percentile(gaps_ms, 50):.1f} ms, "
                  f"p99 {percentile(gaps_ms, 99):.1f} ms",
-                 *token_notes(load.timings, profile, prompts)]
-    return row
+                 *dict.fromkeys(note for r in runs for note in token_notes(r.load.timings, profile, prompts))]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -158,19 +197,23 @@ def add_comparisons(rows: list[Row]) -> None:
         if other is not None:
             ratio = row.value("serve_tok_s") / other.value("serve_tok_s")
             row.against = Against(other.id, "serve_tok_s", round(ratio, 3))
+            mine, theirs = row.metrics["serve_tok_s"].samples, other.metrics["serve_tok_s"].samples
+            if mine and theirs:  # several rounds: the ratio within each round too
+                row.notes.append(f"throughput against {other.id} round by round: "
+                                 + ", ".join(f"{a / b:.2f}x" for a, b in zip(mine, theirs)))
 
 
 def serving_results(model: str, model_id: str, servers: list[str], profile: ServingProfile, dtype: str,
-                    threads: int | None, log: Any = sys.stderr) -> Results:
+                    threads: int | None, log: Any = sys.stderr, rounds: int = 1) -> Results:
     """``serving_rows`` as a whole results file, with the machine, the load average and the profile."""
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     load_average = [round(x, 2) for x in os.getloadavg()]
-    rows = serving_rows(model, servers, profile, dtype, threads, log)
+    rows = serving_rows(model, servers, profile, dtype, threads, log, rounds)
     env = importable_here(worker_environment(threads or machine.cores(), "inherit"))
     gflop_s = arithmetic.measure_apart(env, dtype, log)
     arithmetic.add_notes(rows, open_spec(str(resolve(model))), statistics.median(gflop_s), dtype)
     protocol = Protocol(prompt_tokens=profile.prompt_max, new_tokens=profile.new_tokens, batch=profile.concurrency,
-                        runs=1, warmups=1, serving=profile.serving())
+                        runs=rounds, warmups=1, serving=profile.serving())
     return Results(model=model_id, timestamp=started,
                    machine=Machine(accelerator=None, cpu=f"{machine.cpu_model()}, {machine.cores()} cores",
                                    memory_gib=machine.memory_gib(), threads=threads or machine.cores(),

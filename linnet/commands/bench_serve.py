@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--concurrency", type=whole(1), help="requests in flight at most, and the servers' rows")
     parser.add_argument("--dtype", default="f32", choices=tuple(DTYPES))
     parser.add_argument("--threads", type=whole(1), default=None, help="per server (default: every core)")
+    parser.add_argument("--rounds", type=whole(1), default=1,
+                        help="measure every server this many times, every other round in the reverse order; a row "
+                             "holds the median round (default: 1)")
     parser.add_argument("--model-id", help="the registry id the results name (default: MODEL's registry name, "
                                            "else its file or folder name)")
     parser.add_argument("-o", "--output", help="write the results JSON here")
@@ -60,8 +63,8 @@ def handle(args: argparse.Namespace) -> int:
         check_output(args.output, args.force)
     profile = profile_of(args)
     model_id = args.model_id or (args.model if not Path(args.model).exists() else resolve(args.model).name)
-    results = serving_results(args.model, model_id, args.server or [f"linnet:{default_backend(args.dtype)}"], profile, args.dtype,
-                              args.threads)
+    results = serving_results(args.model, model_id, args.server or [f"linnet:{default_backend(args.dtype)}"], profile,
+                              args.dtype, args.threads, rounds=args.rounds)
     print(format_serving(results, profile))
     if args.output:
         save_results(results, args.output)

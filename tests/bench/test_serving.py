@@ -50,6 +50,29 @@ def test_linnet_serve_rows_validate_and_count_every_token(checkpoint_dir, tmp_pa
     assert "GFLOP/s, measured in the run" in (tmp_path / "site" / "smollm2-135m-instruct.html").read_text()
 
 
+def test_rounds_alternate_the_order_and_keep_every_round(checkpoint_dir, tmp_path):
+    log = io.StringIO()
+    servers = [SERVER, "linnet:torch:eager"]
+    results = serving_results(str(checkpoint_dir(CASE)), "smollm2-135m-instruct", servers, TINY, "f32", 1, log,
+                              rounds=3)
+    started = [line.split(": ", 1)[1] for line in log.getvalue().splitlines() if line.endswith(" of 3) ...")]
+    assert started == [f"{SERVER} (round 1 of 3) ...", "linnet:torch:eager (round 1 of 3) ...",
+                       "linnet:torch:eager (round 2 of 3) ...", f"{SERVER} (round 2 of 3) ...",
+                       f"{SERVER} (round 3 of 3) ...", "linnet:torch:eager (round 3 of 3) ..."]
+    assert results.protocol.runs == 3
+    for row in results.rows:
+        assert row.not_run is None, row.not_run
+        tok_s = row.metrics["serve_tok_s"]
+        assert len(tok_s.samples) == 3 and tok_s.value == sorted(tok_s.samples)[1]
+        assert len(row.metrics["serve_ttft_ms"].samples) == 3 * TINY.requests
+        assert len(row.metrics["load_s"].samples) == 3
+        assert f"{TINY.requests * TINY.new_tokens} tokens returned (6 x 5)" in row.notes
+        assert any(note.startswith("3 rounds (the servers' order reversed every other round)") for note in row.notes)
+    save_results(results, tmp_path / "serving.json")  # validates
+    render_site([tmp_path / "serving.json"], tmp_path / "site")
+    assert "median of 3 runs" in (tmp_path / "site" / "smollm2-135m-instruct.html").read_text()
+
+
 def test_a_server_that_cannot_start_is_a_not_run_row(checkpoint_dir):
     too_long = ServingProfile("too long", requests=2, prompt_min=4, prompt_max=250, new_tokens=50, concurrency=1)
     failed, unknown = serving_rows(str(checkpoint_dir(CASE)), [SERVER, "bogus"], too_long, "f32", 1, io.StringIO())
@@ -79,7 +102,11 @@ def test_command_writes_results(checkpoint_dir, tmp_path):
 
 @pytest.mark.slow  # transformers serve takes 15-25 s to start
 def test_transformers_serve_returns_exactly_the_new_tokens(checkpoint_dir):
-    linnet, peer = serving_rows(str(checkpoint_dir(CASE)), [SERVER, "transformers"], TINY, "f32", 1, io.StringIO())
+    linnet, peer = serving_rows(str(checkpoint_dir(CASE)), [SERVER, "transformers"], TINY, "f32", 1, io.StringIO(),
+                                rounds=2)
     assert peer.id == "transformers:serve" and peer.not_run is None, peer.not_run
     assert "30 tokens returned (6 x 5)" in peer.notes and peer.memory_is_setting
     assert linnet.against.row == "transformers:serve"
+    mine, theirs = linnet.metrics["serve_tok_s"].samples, peer.metrics["serve_tok_s"].samples
+    per_round = ", ".join(f"{a / b:.2f}x" for a, b in zip(mine, theirs))
+    assert f"throughput against transformers:serve round by round: {per_round}" in linnet.notes
