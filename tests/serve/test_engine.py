@@ -2,6 +2,8 @@
 tokens each gives alone, rows are reused and freed on cancel, the queue refuses past its bound."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -57,18 +59,43 @@ def test_a_burst_of_prompts_reads_within_the_step_budget(checkpoint_dir, budget,
     """By default a burst of prompts is read in one step (vLLM's 2048 tokens a step); a smaller budget
     spreads the same prompts over steps, at most that many prompt tokens in each."""
     runner, tokenizer = make_runner(checkpoint_dir, "reference:numpy")
-    fed, step = [], runner.step
-    runner.step = lambda prefill=(), decode=(), **kw: fed.append(sum(len(p.tokens) for p in prefill)) or step(
-        prefill=prefill, decode=decode, **kw)
     engine = Engine(runner, tokenizer, **({} if budget is None else {"prefill_tokens": budget}))
+    fed: dict[int, int] = {}  # engine step -> prompt tokens its runner calls read
+    step = runner.step
+    def counted(prefill=(), decode=(), **kw):
+        fed[engine.metrics.steps] = fed.get(engine.metrics.steps, 0) + sum(len(p.tokens) for p in prefill)
+        return step(prefill=prefill, decode=decode, **kw)
+    runner.step = counted
     requests = [engine.submit(prompt(n, s), Params(max_tokens=1, ignore_eos=True)) for n, s in ((9, 1), (14, 2), (5, 3))]
     engine.start()
     try:
         assert all(r.result().completion_tokens == 1 for r in requests)
     finally:
         engine.stop()
-    assert sum(fed) == 28 and max(fed) <= (budget or 2048)
-    assert len([n for n in fed if n]) == steps_to_first_tokens
+    assert sum(fed.values()) == 28 and max(fed.values()) <= (budget or 2048)
+    assert len([n for n in fed.values() if n]) == steps_to_first_tokens
+
+
+def test_a_prompts_first_token_goes_out_before_the_next_prompt_is_read(checkpoint_dir):
+    """Prompts read in one step each give their first token as soon as they are read, not at the step's end."""
+    runner, tokenizer = make_runner(checkpoint_dir, "reference:numpy")
+    engine = Engine(runner, tokenizer)
+    firsts: dict[int, list[int]] = {}  # request -> the rows' cached lengths when its first token arrived
+    done = [threading.Event() for _ in range(3)]
+
+    def on_event(i: int, event) -> None:
+        firsts.setdefault(i, list(runner.lengths))
+        if event.finish_reason:
+            done[i].set()
+
+    for i, (n, s) in enumerate(((9, 1), (14, 2), (5, 3))):
+        engine.submit(prompt(n, s), Params(max_tokens=2, ignore_eos=True), on_event=lambda e, i=i: on_event(i, e))
+    engine.start()
+    try:
+        assert all(d.wait(60) for d in done)
+    finally:
+        engine.stop()
+    assert [firsts[i] for i in range(3)] == [[9, 0, 0], [9, 14, 0], [9, 14, 5]]
 
 
 def test_the_step_budget_must_be_positive(checkpoint_dir):
