@@ -157,9 +157,11 @@ def measured(row: Row, runs: list[Run], profile: ServingProfile, prompts: list[l
                    "load_s": Metric(statistics.median(load_s), load_s if several else None),
                    "peak_mem_gib": Metric(max(r.peak_bytes for r in runs) / 2**30)}
     row.memory_is_setting = runs[0].server.memory_is_setting
+    p99s = [percentile([t.first_token_s * 1000 for t in r.load.timings], 99) for r in runs]
     rounds = [f"{len(runs)} rounds (the servers' order reversed every other round): throughput the median "
               f"round's, of {', '.join(f'{x:.1f}' for x in tok_s)} tok/s; first tokens and gaps over every "
-              f"round's requests"] if several else []
+              f"round's requests (time to first token p99 by round: {', '.join(f'{x:.0f}' for x in p99s)} ms)"
+              ] if several else []
     row.notes = [profile.describe(), *runs[0].server.notes, *rounds,
                  f"time to first token: mean {statistics.mean(ttft_ms):.0f} ms, p50 {percentile(ttft_ms, 50):.0f} ms, "
                  f"p99 {percentile(ttft_ms, 99):.0f} ms",
