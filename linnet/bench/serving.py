@@ -159,7 +159,7 @@ def measured(row: Row, runs: list[Run], profile: ServingProfile, prompts: list[l
     row.memory_is_setting = runs[0].server.memory_is_setting
     p99s = [percentile([t.first_token_s * 1000 for t in r.load.timings], 99) for r in runs]
     rounds = [f"{len(runs)} rounds (the servers' order reversed every other round): throughput the median "
-              f"round's, of {', '.join(f'{x:.1f}' for x in tok_s)} tok/s; first tokens and gaps over every "
+              f"over rounds of {', '.join(f'{x:.1f}' for x in tok_s)} tok/s; first tokens and gaps over every "
               f"round's requests (time to first token p99 by round: {', '.join(f'{x:.0f}' for x in p99s)} ms)"
               ] if several else []
     row.notes = [profile.describe(), *runs[0].server.notes, *rounds,

@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=whole(1), default=None, help="per server (default: every core)")
     parser.add_argument("--rounds", type=whole(1), default=1,
                         help="measure every server this many times, every other round in the reverse order; a row "
-                             "holds the median round (default: 1)")
+                             "holds the median over rounds (default: 1)")
     parser.add_argument("--model-id", help="the registry id the results name (default: MODEL's registry name, "
                                            "else its file or folder name)")
     parser.add_argument("-o", "--output", help="write the results JSON here")
