@@ -73,8 +73,8 @@ def serving_rows(model: str, servers: list[str], profile: ServingProfile, dtype:
 
     With several ``rounds`` each server is started and measured once a round, every other round in the
     reverse order (A B, B A, A B, ...): on a VM whose speed drifts over minutes, whichever server runs
-    first in a single round gains or loses by its place, not by itself. A row then holds the median
-    round's throughput, with every round's as samples, and the first tokens of all rounds together."""
+    first in a single round gains or loses by its place, not by itself. A row then holds the median of the
+    rounds' throughputs, with every round's as samples, and the first tokens of all rounds together."""
     path = resolve(model)
     loaded = open_model(str(path))
     if loaded.tokenizer is None:

@@ -10,6 +10,8 @@ import pytest
 
 from linnet.bench import arithmetic
 from linnet.bench.serving import PROFILES, ServingProfile, random_prompts, serving_results, serving_rows
+from linnet.bench.serving_servers import vllm_kv_cache_bytes
+from linnet.model import open_spec
 from linnet.results import load_results, save_results
 from linnet.site.render import render_site
 
@@ -80,6 +82,15 @@ def test_a_server_that_cannot_start_is_a_not_run_row(checkpoint_dir):
     assert failed.id == "serve:reference:numpy" and not failed.metrics
     assert failed.not_run.startswith("failed to start (exit 2)") and "--positions 300" in failed.not_run
     assert unknown.not_run == "unknown server 'bogus' (known: linnet:BACKEND, triton:BACKEND, transformers, vllm)"
+
+
+def test_vllms_kv_cache_is_sized_by_the_load(checkpoint_dir):
+    path = checkpoint_dir(CASE)
+    spec = open_spec(str(path))
+    per_position = spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 4  # f32 keys and values
+    assert vllm_kv_cache_bytes(path, 16, 256, "f32") == 256 * 2**20  # a tiny model: the floor
+    assert vllm_kv_cache_bytes(path, 64, 2**16, "f32") == 2 * 64 * 2**16 * per_position
+    assert vllm_kv_cache_bytes(path, 64, 2**16, "bf16") == 64 * 2**16 * per_position
 
 
 def test_peers_need_a_hugging_face_directory():
