@@ -22,9 +22,11 @@ On the CPU provider a GGUF file's matrices in llama.cpp's blocks stay in them by
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,11 @@ from linnet.weights import Weights
 
 DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda"}
 GRAPH_FILE = "model.onnx"
+# GroupQueryAttention's CPU kernel has a flash path (read from the environment when a session is built)
+# that ran slower on 2 cores of an Intel Xeon: a 256-token prompt's attention 62-86 against 33-53 ms, a
+# 16-row decode step's 22.8 against 15.3 ms on Qwen2.5-0.5B's shapes (docs/NOTEBOOK.md, 2026-12-02). The
+# CPU sessions are built without it, unless the variable is set already.
+GQA_FLASH_OFF = {"ORT_GQA_DISABLE_FLASH_ATTENTION": "1"}
 
 
 def graph_options(mode: str, dtype: str, spec: ModelSpec, cache: CacheShape) -> GraphOptions:
@@ -146,7 +153,8 @@ class OnnxRunner(Runner):
                                      "trt_fp16_enable": self.dtype == "f16", "trt_bf16_enable": self.dtype == "bf16"}),
                          "CUDAExecutionProvider"]
         try:
-            return ort.InferenceSession(str(path), options, providers=providers)
+            with _environment(GQA_FLASH_OFF if self.mode == "cpu" else {}):
+                return ort.InferenceSession(str(path), options, providers=providers)
         except Exception as e:  # onnxruntime raises its own classes, each with the failing node in the text
             raise LinnetError(self._load_error(str(e))) from None
 
@@ -250,6 +258,18 @@ class OnnxRunner(Runner):
                 "graph": self.options.variant, "attention": self.options.attention, "threads": threads(),
                 **({"blocks": ", ".join(self.quantized), "block_products": "activations rounded to int8, integer "
                     "products (MatMulNBits)"} if self.quantized else {})}
+
+
+@contextmanager
+def _environment(variables: dict[str, str]):
+    """Set the variables not set already, for the block only."""
+    added = {name: value for name, value in variables.items() if name not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def _stacked(steps: list[StepOutput]) -> StepOutput:

@@ -5,6 +5,7 @@ missing a kernel is named at load; GPU providers report themselves unavailable h
 caches; the one-row caches' GroupQueryAttention graph is checked against transformers here.)"""
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -74,6 +75,22 @@ def test_gpu_providers_say_why_they_cannot_run(backend):
     assert "ExecutionProvider" in get_backend(backend).unavailable()
     with pytest.raises(LinnetError, match=f"{backend} cannot run here: this onnxruntime has no"):
         create_runner(backend, None, CacheShape(1, 16))
+
+
+@pytest.mark.parametrize("set_by_user", [None, "0"])
+def test_cpu_sessions_are_built_without_the_gqa_flash_path(checkpoint_dir, monkeypatch, set_by_user):
+    """Slower on the CPU where it was measured; a value the user set wins, and the environment is left as it was."""
+    name = "ORT_GQA_DISABLE_FLASH_ATTENTION"
+    if set_by_user is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, set_by_user)
+    seen, session = [], ort.InferenceSession
+    monkeypatch.setattr(onnx_runner.ort, "InferenceSession", lambda *a, **k: seen.append(os.environ.get(name)) or
+                        session(*a, **k))
+    create_runner("onnx:cpu", open_model(str(checkpoint_dir(CASE))).weights, CacheShape(1, 16))
+    assert seen == [set_by_user or "1"]
+    assert os.environ.get(name) == set_by_user
 
 
 def test_a_greedy_step_brings_back_ids_from_the_graph(checkpoint_dir):
