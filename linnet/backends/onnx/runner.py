@@ -26,6 +26,7 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,7 +262,7 @@ class OnnxRunner(Runner):
 
 
 @contextmanager
-def _environment(variables: dict[str, str]):
+def _environment(variables: dict[str, str]) -> Iterator[None]:
     """Set the variables not set already, for the block only."""
     added = {name: value for name, value in variables.items() if name not in os.environ}
     os.environ.update(added)
