@@ -311,11 +311,13 @@ class Engine:
             else:
                 decode.append(Decode(row, run.last))
             sampling[row] = run.request.params.sampling
-        # Each prompt chunk is a runner step of its own, then the decoding rows one together: the runner reads
-        # prompts a row at a time anyway, and a prompt's first token goes out as soon as it is read rather
-        # than after every other prompt of the step (a burst of 16: the first after a sixteenth of it).
+        # Each model call's prompt chunks are a runner step of their own (a chunk, or short prompts the runner
+        # reads together: ``Runner.prompt_groups``), then the decoding rows one together: a prompt's first
+        # token goes out as soon as it is read rather than after every other prompt of the step (a burst of
+        # 16: the first after a sixteenth of it).
         started, sampled = time.perf_counter(), 0
-        for part in [{"prefill": [p]} for p in prefill] + ([{"decode": decode}] if decode else []):
+        parts = [{"prefill": group} for group in self.runner.prompt_groups(prefill)]
+        for part in parts + ([{"decode": decode}] if decode else []):
             for row, result in self.runner.step(**part, sampling=sampling).items():
                 sampled += result.token is not None
                 self._advance(self._running[row], result)

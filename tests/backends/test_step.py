@@ -58,6 +58,38 @@ def test_interleaved_requests_give_the_tokens_each_gives_alone(checkpoint_dir, b
     assert got == alone
 
 
+def test_short_prompts_are_grouped_shortest_first_within_a_chunk(checkpoint_dir):
+    runner = make_runner(checkpoint_dir, "reference:numpy", rows=8)
+    runner.prefill_chunk = 16
+    entries = [Prefill(0, prompt(5, 0)), Prefill(1, prompt(16, 1)), Prefill(2, prompt(2, 2)),
+               Prefill(3, prompt(4, 3), start=3), Prefill(4, prompt(3, 4)), Prefill(5, prompt(9, 5))]
+    assert runner.prompt_groups(entries) == [[e] for e in entries]  # the reference reads a row a call
+    runner.prompts_together = True
+    groups = runner.prompt_groups(entries)
+    # 2, 3 and 5 tokens pad to 3 x 5 <= 16; 9 would make 4 x 9; the full chunk and the prompt's second part
+    # (it starts at 3) go alone, in their order
+    assert [[e.row for e in g] for g in groups] == [[2, 4, 0], [5], [1], [3]]
+    assert all(runner.prompt_groups(g) == [g] for g in groups)
+
+
+@pytest.mark.parametrize("backend", QUICK + ["onnx:cpu"])
+@pytest.mark.parametrize("rows", [(1, 2, 3, 0), (4, 0, 6, 2)], ids=["rows together", "rows apart"])
+def test_short_prompts_read_together_give_what_each_gives_alone(checkpoint_dir, backend, rows):
+    together, alone = make_runner(checkpoint_dir, backend, rows=8), make_runner(checkpoint_dir, backend, rows=8)
+    together.prompts_together = True
+    prompts = [Prefill(row, prompt(n, row)) for row, n in zip(rows, (7, 2, 13, 5))]
+    assert len(together.prompt_groups(prompts)) == 1
+    got = together.step(prefill=prompts, logits=True)
+    want = {p.row: alone.step(prefill=[p], logits=True)[p.row] for p in prompts}
+    for _ in range(4):  # the rows' caches hold the prompts, not the pads beyond them
+        for row in rows:
+            assert got[row].token == want[row].token
+            assert np.abs(got[row].logits - want[row].logits).max() <= 1e-4
+        got = together.step(decode=[Decode(r, got[r].token) for r in rows], logits=True)
+        want = alone.step(decode=[Decode(r, want[r].token) for r in rows], logits=True)
+    assert together.lengths == alone.lengths
+
+
 @pytest.mark.parametrize("backend", QUICK)
 def test_a_prompt_split_over_steps_matches_one_prefill(checkpoint_dir, backend):
     runner = make_runner(checkpoint_dir, backend)

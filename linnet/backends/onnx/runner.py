@@ -11,10 +11,12 @@ each row's length and reads only the valid part of the cache, but its batch is t
 in order. So the caches are host arrays, and a step binds the window of cache rows from its lowest row
 to its highest (views: nothing is copied), the window's rows the step does not name writing the scratch
 position, as idle rows do. A prompt chunk is a window of one row; a decode step over the engine's rows
-(filled from row 0) is the rows it runs. A step must place each row's tokens contiguously; one that
-does not (the warm-up's tokens at the scratch position) runs a token at a time, in order of position,
-which is the same step: a query attends to positions up to its own, which the earlier tokens have
-written; so does a step of several rows of several tokens, a row at a time.
+(filled from row 0) is the rows it runs. The kernel takes several rows of several tokens only where
+none has a past: several rows' prompts from position 0 are one batch (``_first_prompts``); other steps
+of several tokens in several rows go a row at a time. A step must place each row's tokens contiguously;
+one that does not (the warm-up's tokens at the scratch position) runs a token at a time, in order of
+position, which is the same step: a query attends to positions up to its own, which the earlier tokens
+have written.
 
 On the CPU provider a GGUF file's matrices in llama.cpp's blocks stay in them by default
 (``quantize``): ONNX Runtime multiplies them in integers, as llama.cpp does (``blocks``, docs/ONNX.md).
@@ -81,6 +83,8 @@ class StepOutput:
 
 
 class OnnxRunner(Runner):
+    prompts_together = True  # several rows' short prompts a call (``Runner.prompt_groups``)
+
     def __init__(self, weights: Weights, cache: CacheShape = CacheShape(), dtype: str = "f32", mode: str = "cpu",
                  quantize: str | None = None):
         """``quantize``: "none"; a block form for every matrix (``linnet.quantize.MADE``); "gguf": the
@@ -196,6 +200,8 @@ class OnnxRunner(Runner):
         if self.options.attention != "gqa":
             return self._run(tokens, positions, rows, select)
         if tokens.shape[1] > 1 and len(rows) > 1:
+            if not positions[:, 0].any():  # first prompts: one batch (``_first_prompts``)
+                return self._first_prompts(tokens, positions, rows, select)
             return _stacked([self._forward(tokens[i:i + 1], positions[i:i + 1], rows[i:i + 1], select[i:i + 1])
                              for i in range(len(rows))])
         if not _contiguous(positions[0]):
@@ -209,6 +215,24 @@ class OnnxRunner(Runner):
             steps[t] = self._window(tokens[:, t:t + 1], positions[:, t:t + 1], rows, np.zeros((1, 1), np.int64))
         logits = np.stack([steps[t].host_logits()[:, 0] for t in select[0]], axis=1)
         return StepOutput(logits, np.stack([steps[t].ids[:, 0] for t in select[0]], axis=1))
+
+    def _first_prompts(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray):
+        """Several rows' prompts from position 0, as one batch: GroupQueryAttention takes several rows of
+        several tokens only where none has a past. Consecutive rows (in any order) are their window of
+        the cache; others are written into a scratch cache of the prompts' length, then copied into them."""
+        order = np.argsort(rows)
+        if (rows[order] == rows[order[0]] + np.arange(len(rows))).all():
+            out = self._window(tokens[order], positions[order], rows[order], select[order])
+            where = np.argsort(order)  # each given row's place in the window
+            return StepOutput(out.logits, out.ids[where], where)
+        width = tokens.shape[1]
+        scratch = [np.empty((len(rows), *c.shape[1:2], width, c.shape[3]), c.dtype) for c in self.caches]
+        self._bind_cache_values([ort.OrtValue.ortvalue_from_numpy(s) for s in scratch])
+        self._bound = None
+        out = self._run(tokens, positions, rows, select)
+        for cache, written in zip(self.caches, scratch):
+            cache[rows, :, :width] = written
+        return out
 
     def _window(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray) -> StepOutput:
         """The step on the cache rows min(rows)..max(rows), bound as views; the window's other rows idle."""
