@@ -238,13 +238,15 @@ class Runner(ABC):
     def prompt_groups(self, prefill: Sequence[Prefill]) -> list[list[Prefill]]:
         """How a step reads its prompt chunks, one model call per group. Alone, unless the backend reads
         several rows' prompts in one call (``prompts_together``): then the chunks that begin a prompt and
-        are shorter than ``prefill_chunk`` go shortest first, as many to a call as fill at most
+        are shorter than ``prefill_chunk`` go together by length, as many to a call as fill at most
         ``prefill_chunk`` tokens once padded to the longest. A short prompt alone leaves the products
         too few rows to run well (16 prompts of 40 tokens, SmolLM2 on ONNX Runtime, 2 threads: 1.73 ms
-        a token one at a time, 1.16 six at a time; docs/SERVE.md). Groups come first, in that order,
-        then the other chunks in theirs; grouping a group again gives it back whole."""
+        a token one at a time, 1.16 six at a time; docs/SERVE.md). The calls keep the order of the
+        chunks (a group where its first is), so the longest-waiting prompt is not read last; grouping a
+        group again gives it back whole."""
         if not self.prompts_together:
             return [[p] for p in prefill]
+        place = {id(p): i for i, p in enumerate(prefill)}
         short = sorted((p for p in prefill if p.start == 0 and len(p.tokens) < self.prefill_chunk),
                        key=lambda p: len(p.tokens))
         groups: list[list[Prefill]] = []
@@ -253,7 +255,9 @@ class Runner(ABC):
                 groups[-1].append(p)
             else:
                 groups.append([p])
-        return groups + [[p] for p in prefill if not any(p is q for q in short)]
+        grouped = {id(p) for p in short}
+        groups += [[p] for p in prefill if id(p) not in grouped]
+        return sorted(groups, key=lambda group: min(place[id(p)] for p in group))
 
     def _prefill_prompts(self, group: Sequence[Prefill]) -> Any:
         """Several rows' first prompt chunks in one call, each padded to the longest with token 0. A pad

@@ -67,8 +67,8 @@ def test_short_prompts_are_grouped_shortest_first_within_a_chunk(checkpoint_dir)
     runner.prompts_together = True
     groups = runner.prompt_groups(entries)
     # 2, 3 and 5 tokens pad to 3 x 5 <= 16; 9 would make 4 x 9; the full chunk and the prompt's second part
-    # (it starts at 3) go alone, in their order
-    assert [[e.row for e in g] for g in groups] == [[2, 4, 0], [5], [1], [3]]
+    # (it starts at 3) go alone; the calls in the order of their first chunk
+    assert [[e.row for e in g] for g in groups] == [[2, 4, 0], [1], [3], [5]]
     assert all(runner.prompt_groups(g) == [g] for g in groups)
 
 
