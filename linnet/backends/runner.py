@@ -241,9 +241,9 @@ class Runner(ABC):
         are shorter than ``prefill_chunk`` go together by length, as many to a call as fill at most
         ``prefill_chunk`` tokens once padded to the longest. A short prompt alone leaves the products
         too few rows to run well (16 prompts of 40 tokens, SmolLM2 on ONNX Runtime, 2 threads: 1.73 ms
-        a token one at a time, 1.07-1.27 three to eight at a time; docs/SERVE.md). The calls keep the order of the
-        chunks (a group where its first is), so the longest-waiting prompt is not read last; grouping a
-        group again gives it back whole."""
+        a token one at a time, 1.07-1.27 three to eight at a time; docs/SERVE.md). The calls keep the
+        order of the chunks (a group where its first is), so the longest-waiting prompt is not read
+        last; grouping a group again gives it back whole."""
         if not self.prompts_together:
             return [[p] for p in prefill]
         place = {id(p): i for i, p in enumerate(prefill)}
