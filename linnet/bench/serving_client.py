@@ -2,10 +2,14 @@
 
 A request is an OpenAI ``/v1/completions`` stream, or Triton's ``generate_stream`` (``/v2/models/NAME/
 generate_stream``, server-sent events, one per response of a decoupled model such as ``linnet triton``'s:
-``prompt_ids`` in, ``text_output``, ``finish_reason`` and the token counts out). Each request's first token
-is the first streamed chunk carrying text (for a request whose tokens decode to no text at all, its closing
-chunk); its inter-token latencies are the gaps between its text chunks (a chunk is one token, unless the
-server holds back a piece of a character); its token count is the server's own usage count.
+``prompt_ids`` in, ``text_output``, ``token_ids``, ``finish_reason`` and the token counts out). Each
+request's first token is the first streamed chunk that carries a token: text, or, with its text empty, a
+chunk before the closing one (vLLM and ``linnet serve`` stream a chunk per token, with empty text while the
+token is a piece of a character, a special token or text held back for a stop string; Triton's responses name
+their ``token_ids``). Counting only chunks with text timed a random-weight model's first token late: most
+ids of a 151936-token vocabulary read with a 49152-token tokenizer have no text, so the first text came
+tokens, or the whole answer, after the first token. Its inter-token latencies are the gaps between those
+chunks; its token count is the server's own usage count.
 """
 from __future__ import annotations
 
@@ -80,8 +84,8 @@ async def complete(client: httpx.AsyncClient, api: str, model: str, prompt: list
             chunk = json.loads(line.removeprefix("data:"))
             if "error" in chunk:
                 raise ServingError(f"the stream ended in an error: {chunk['error']}")
-            text, finish, counts = read_chunk(api, chunk)
-            if text:
+            token, finish, counts = read_chunk(api, chunk)
+            if token:
                 arrivals.append(time.perf_counter())
             elif not arrivals and finish:
                 finished = time.perf_counter()
@@ -102,14 +106,16 @@ def request(api: str, model: str, prompt: list[int] | str, new_tokens: int,
 
 
 def read_chunk(api: str, chunk: dict[str, Any]) -> tuple[bool, bool, dict[str, int] | None]:
-    """Whether a streamed chunk carries text, whether it ends the request, and the usage counts it gives."""
+    """Whether a streamed chunk carries a token, whether it ends the request, and the usage counts it gives."""
     if api == TRITON:  # every response has every output; the counts are filled in the last one
         finish = bool(chunk.get("finish_reason"))
         counts = {key: single(chunk[key]) for key in ("completion_tokens", "prompt_tokens")} if finish else None
-        return bool(chunk.get("text_output")), finish, counts
+        return bool(chunk.get("text_output") or chunk.get("token_ids")), finish, counts
     choices = chunk.get("choices") or ()
-    return (any(choice.get("text") for choice in choices), any(choice.get("finish_reason") for choice in choices),
-            chunk.get("usage"))
+    # A chunk with text, or one with empty text that does not close the stream (a token whose text is not out
+    # yet); a closing chunk with empty text carries no token (linnet serve's, after the last token's chunk).
+    token = any(choice.get("text") or ("text" in choice and not choice.get("finish_reason")) for choice in choices)
+    return token, any(choice.get("finish_reason") for choice in choices), chunk.get("usage")
 
 
 def single(value: int | list[int]) -> int:

@@ -166,7 +166,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None) -> F
                 if event.finish_reason and finish_reason(event) == "error":
                     yield sse(error_body(event.error or "generation failed", "server_error"))
                     break
-                if event.text:
+                if event.text or event.token_ids:  # a chunk per token, its text empty while held back (as vLLM's)
                     yield sse(responder.chunk(event.text, include_usage=include_usage))
                 if event.finish_reason:
                     yield sse(responder.chunk(None, finish_reason(event), include_usage=include_usage))

@@ -134,7 +134,7 @@ class Responder:
               include_usage: bool = False) -> dict[str, Any]:
         """A stream chunk with a piece of text (or, for chat, the assistant's role) and, last, a reason."""
         if self.chat:
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
             choice = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": text or ""}

@@ -10,6 +10,7 @@ import pytest
 
 from linnet.bench import arithmetic
 from linnet.bench.serving import PROFILES, ServingProfile, random_prompts, serving_results, serving_rows
+from linnet.bench.serving_client import OPENAI, TRITON, read_chunk
 from linnet.bench.serving_servers import vllm_kv_cache_bytes
 from linnet.model import open_spec
 from linnet.results import load_results, save_results
@@ -34,6 +35,24 @@ def test_prompts_are_fixed_and_in_range():
     assert len(prompts) == TINY.requests
     assert all(TINY.prompt_min <= len(p) <= TINY.prompt_max and max(p) < 331 for p in prompts)
     assert len({len(p) for p in prompts}) > 1  # lengths vary
+
+
+def test_a_token_with_no_text_yet_is_still_its_first_token():
+    """vLLM and linnet serve stream a chunk per token, with empty text while it has none to show: the first
+    token is that chunk, not the first one with text; a closing chunk with empty text carries no token."""
+    def completion(text, finish=None):
+        return {"choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+
+    assert read_chunk(OPENAI, completion("")) == (True, False, None)
+    assert read_chunk(OPENAI, completion(" fox")) == (True, False, None)
+    assert read_chunk(OPENAI, completion(" end", "length")) == (True, True, None)
+    assert read_chunk(OPENAI, completion("", "length")) == (False, True, None)
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert read_chunk(OPENAI, {"choices": [], "usage": usage}) == (False, False, usage)
+    triton = {"text_output": "", "token_ids": [7], "finish_reason": "", "completion_tokens": 1, "prompt_tokens": 3}
+    assert read_chunk(TRITON, triton) == (True, False, None)
+    last = triton | {"token_ids": [], "finish_reason": "stop", "completion_tokens": [2]}
+    assert read_chunk(TRITON, last) == (False, True, {"completion_tokens": 2, "prompt_tokens": 3})
 
 
 def test_linnet_serve_rows_validate_and_count_every_token(checkpoint_dir, tmp_path):

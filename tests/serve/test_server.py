@@ -10,6 +10,7 @@ import pytest
 
 from linnet.backends import CacheShape, create_runner
 from linnet.generation import generate
+from linnet.generation.text import TextStream
 from linnet.model import open_model
 from linnet.serve import Engine
 from linnet.serve.app import create_app
@@ -89,6 +90,8 @@ def test_streaming_with_usage(client, model, reference, chat):
         chunks = list(client.completions.create(prompt=FOX, **options))
         pieces = [c.choices[0].text for c in chunks if c.choices]
     assert "".join(pieces) == want.text and len([p for p in pieces if p]) > 1
+    tokens = [c for c in chunks if c.choices and c.choices[0].finish_reason is None][1 if chat else 0:]
+    assert len(tokens) == 20  # a chunk per token, its text empty while it has none to show (as vLLM's)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
     assert chunks[-1].usage.prompt_tokens == len(ids)
@@ -104,6 +107,28 @@ def test_stop_strings_split_across_tokens(client, model, reference):
     assert whole.choices[0].text == before and whole.choices[0].finish_reason == "stop"
     pieces = [c.choices[0].text for c in client.completions.create(stream=True, **options)]
     assert "".join(pieces) == before  # the stop string's first half was held back, never sent
+
+
+def test_a_token_whose_text_is_held_back_still_streams_a_chunk(client, model, reference):
+    """A stop string made of one token's whole text and the next one's first character: that token's text is
+    held back, yet its chunk goes out (empty), so a client sees every token as it comes."""
+    ids = model.tokenizer.encode(FOX)
+    stream = TextStream(model.tokenizer)
+    pieces = [stream.feed(t) for t in reference(ids, 30).token_ids]
+    text, at = "".join(pieces), 0
+    for piece, after in zip(pieces, pieces[1:]):
+        stop = piece + after[:1]
+        if piece and after and stop.isprintable() and "\ufffd" not in stop and text.index(stop) == at:
+            break
+        at += len(piece)
+    else:
+        raise AssertionError(f"no usable pair of pieces among {pieces}")
+    chunks = list(client.completions.create(model=NAME, prompt=FOX, max_tokens=30, temperature=0, stop=[stop],
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}))
+    tokens = [c.choices[0].text for c in chunks if c.choices and c.choices[0].finish_reason is None]
+    assert "".join(tokens) == text[:at] and tokens[-1] == ""  # the token that completes the stop shows nothing
+    assert len(tokens) == chunks[-1].usage.completion_tokens
 
 
 def test_64_concurrent_streams_with_some_clients_disconnecting(server, model, reference):
