@@ -16,16 +16,19 @@ CASE = "qwen3-gqa3"  # its greedy text from FOX is mostly ASCII, good for stop s
 FOX = "The quick brown fox"
 
 
-def stop_across_tokens(tokenizer: Tokenizer, token_ids: Sequence[int]) -> tuple[str, str]:
-    """A two-character stop string made of the end of one token's text and the start of the next's, and
-    the text that generation with it must give (all the text before its first occurrence)."""
+def stop_across_tokens(tokenizer: Tokenizer, token_ids: Sequence[int], whole: bool = False) -> tuple[str, str]:
+    """A stop string made of the end of one token's text and the first character of the next's, and the
+    text that generation with it must give (all the text before its first occurrence). The end is the
+    last character, or with ``whole`` the token's whole text, where the stop string first occurs at its
+    start: that token's text is then held back entirely."""
     stream = TextStream(tokenizer)
     pieces = [stream.feed(t) for t in token_ids]
-    text = tokenizer.decode(token_ids)
+    text, at = tokenizer.decode(token_ids), 0
     for before, after in zip(pieces, pieces[1:]):
-        stop = before[-1:] + after[:1]
-        if len(stop) == 2 and stop.isprintable() and "\ufffd" not in stop:
+        stop = (before if whole else before[-1:]) + after[:1]
+        if before and after and stop.isprintable() and "\ufffd" not in stop and (not whole or text.index(stop) == at):
             return stop, text[:text.index(stop)]
+        at += len(before)
     raise AssertionError(f"no two printable pieces in a row among {pieces}")
 
 
