@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 from checkpoints import CASE_IDS
 
-from linnet.backends import CacheShape, create_runner
+from linnet.backends import CacheShape, Decode, Prefill, create_runner
 from linnet.backends.onnx import runner as onnx_runner
 from linnet.backends.onnx.graph import GraphOptions
 from linnet.backends.registry import get_backend
@@ -134,6 +134,39 @@ def test_a_window_of_rows_leaves_the_rows_outside_it_alone(checkpoint_dir):
     for old, new in zip(before, runner.caches):
         assert np.array_equal(old[[0, 1, 3], :, :runner.scratch_position], new[[0, 1, 3], :, :runner.scratch_position])
         assert not np.array_equal(old[2], new[2])  # position 3 of row 2 was written
+
+
+def test_first_prompts_of_rows_apart_share_one_scratch_and_give_what_each_gives_alone(checkpoint_dir):
+    """Groups of rows that are not consecutive are read on one scratch kept between calls: a wider group
+    grows it, a narrower one reads a part of it, and each row's cache ends up as its prompt read alone."""
+    weights = open_model(str(checkpoint_dir(CASE))).weights
+    together, alone = (create_runner("onnx:cpu", weights, CacheShape(8, 32)) for _ in range(2))
+    rng = np.random.RandomState(5)
+    groups = [{0: 5, 2: 3}, {1: 11, 5: 9, 7: 4}, {3: 2, 6: 6}]  # row -> prompt length; the 2nd grows it
+    prompts = {row: rng.randint(3, 331, n).tolist() for group in groups for row, n in group.items()}
+    sizes = []
+    for group in groups:
+        together.step(prefill=[Prefill(row, prompts[row]) for row in group])
+        sizes.append(together._scratch[0].size)
+    assert sizes[0] < sizes[1] == sizes[2]
+    tokens = {row: alone.step(prefill=[Prefill(row, ids)])[row].token for row, ids in prompts.items()}
+    for _ in range(3):
+        got = together.step(decode=[Decode(row, token) for row, token in tokens.items()], logits=True)
+        want = alone.step(decode=[Decode(row, token) for row, token in tokens.items()], logits=True)
+        for row in tokens:
+            assert got[row].token == want[row].token
+            assert np.abs(got[row].logits - want[row].logits).max() <= 1e-4
+        tokens = {row: want[row].token for row in tokens}
+
+
+def test_warming_up_keeps_the_caches_values_and_grows_the_scratch_to_a_prompt_chunk(checkpoint_dir):
+    runner = create_runner("onnx:cpu", open_model(str(checkpoint_dir(CASE))).weights, CacheShape(2, 32))
+    runner.prefill(1, [5, 17, 101])
+    before = [c.copy() for c in runner.caches]
+    runner.warm_up()
+    kept = slice(runner.scratch_position)  # the scratch position is the warm-up's own to write
+    assert all(np.array_equal(old[:, :, kept], new[:, :, kept]) for old, new in zip(before, runner.caches))
+    assert runner._scratch[0].size >= runner.prefill_chunk * runner.spec.num_kv_heads * runner.spec.head_dim
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
