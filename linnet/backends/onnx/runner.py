@@ -198,8 +198,8 @@ class OnnxRunner(Runner):
             self.binding.bind_ortvalue_output(f"{name}.out", value)
 
     def warm_up(self) -> float:
-        """The runner's warm-up and, with the caches on the host (GroupQueryAttention), first prompts of a
-        whole prompt chunk read on the scratch caches, and every page of the caches written once with the
+        """The runner's warm-up and, with the caches on the host (GroupQueryAttention), first prompts of up
+        to a prompt chunk read on the scratch caches, and every page of the caches written once with the
         values it holds: a fresh server's first burst of prompts then finds ONNX Runtime's buffers grown
         and the cache's pages mapped, rather than paying both in its first tokens. No row changes."""
         seconds = super().warm_up()
@@ -207,7 +207,7 @@ class OnnxRunner(Runner):
             return seconds
         start = time.perf_counter()
         count = min(4, self.cache.rows)
-        width = self.prefill_chunk // count
+        width = min(self.prefill_chunk // count, self.cache.positions)  # within the rotary tables
         tokens = np.zeros((count, width), np.int64)
         positions = np.tile(np.arange(width, dtype=np.int64), (count, 1))
         self._on_scratch(tokens, positions, np.arange(count, dtype=np.int64), positions[:, -1:])

@@ -159,16 +159,6 @@ def test_first_prompts_of_rows_apart_share_one_scratch_and_give_what_each_gives_
         tokens = {row: want[row].token for row in tokens}
 
 
-def test_warming_up_keeps_the_caches_values_and_grows_the_scratch_to_a_prompt_chunk(checkpoint_dir):
-    runner = create_runner("onnx:cpu", open_model(str(checkpoint_dir(CASE))).weights, CacheShape(2, 32))
-    runner.prefill(1, [5, 17, 101])
-    before = [c.copy() for c in runner.caches]
-    runner.warm_up()
-    kept = slice(runner.scratch_position)  # the scratch position is the warm-up's own to write
-    assert all(np.array_equal(old[:, :, kept], new[:, :, kept]) for old, new in zip(before, runner.caches))
-    assert runner._scratch[0].size >= runner.prefill_chunk * runner.spec.num_kv_heads * runner.spec.head_dim
-
-
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("case", CASE_IDS)
 def test_the_one_row_graph_matches_transformers(checkpoint_dir, case, dtype):
