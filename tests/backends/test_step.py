@@ -193,7 +193,7 @@ def test_an_option_a_backend_does_not_take_is_named(checkpoint_dir):
         create_runner("reference:numpy", weights, CacheShape(1, 16), devices=2)
 
 
-@pytest.mark.parametrize("backend", QUICK + ["onnx:cpu"])  # onnx:cpu's also reads on its scratch and writes every page
+@pytest.mark.parametrize("backend", QUICK + ["onnx:cpu"])  # onnx:cpu's reads on a scratch and writes every page
 def test_warming_up_touches_no_row(checkpoint_dir, backend):
     runner = make_runner(checkpoint_dir, backend)
     ids = prompt(9, seed=13)

@@ -184,8 +184,8 @@ class OnnxRunner(Runner):
         if self.options.attention == "gqa":  # host arrays, bound a window of rows at a time (_window)
             self.caches = [np.zeros(shape, dtype) for _ in self.cache_names]
             self._bound: tuple[int, int] | None = None
-            # where first prompts of rows that are not consecutive are read (_on_scratch): kept from call to
-            # call, since a fresh buffer a call is fresh pages to fault in a call
+            # where first prompts of rows that are not consecutive are read (_on_scratch), kept between calls:
+            # a buffer allocated per call is pages to fault in on every call
             self._scratch = [np.empty(0, dtype) for _ in self.cache_names]
             return
         self.caches = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), self.device, 0)
@@ -260,7 +260,7 @@ class OnnxRunner(Runner):
         count, width = tokens.shape
         shape = (count, self.spec.num_kv_heads, width, self.spec.head_dim)
         size = int(np.prod(shape))
-        if size > self._scratch[0].size:  # grown to the largest call yet (the warm-up's: a prompt chunk)
+        if size > self._scratch[0].size:  # grown to the largest call yet (the warm-up's, at start)
             self._scratch = [np.empty(size, c.dtype) for c in self.caches]
         scratch = [s[:size].reshape(shape) for s in self._scratch]
         self._bind_cache_values([ort.OrtValue.ortvalue_from_numpy(s) for s in scratch])
