@@ -200,8 +200,12 @@ def test_warming_up_touches_no_row(checkpoint_dir, backend):
     want = generate(runner, ids, 6, eos_ids=[]).token_ids
     runner.reset(0)
     runner.step(prefill=[Prefill(0, ids[:5])])
+    unwarmed = runner.step(prefill=[Prefill(0, ids[5:], start=5)], logits=True)[0].logits
+    runner.reset(0)
+    runner.step(prefill=[Prefill(0, ids[:5])])
     assert runner.warm_up() >= 0
-    out = runner.step(prefill=[Prefill(0, ids[5:], start=5)])[0]
+    out = runner.step(prefill=[Prefill(0, ids[5:], start=5)], logits=True)[0]
+    assert np.array_equal(out.logits, unwarmed)  # the row's cache is as it was, to the bit: not only its tokens
     got = [out.token]
     while len(got) < 6:
         got.append(runner.step(decode=[Decode(0, got[-1])])[0].token)
