@@ -7,8 +7,10 @@ cache row of its own; a request that finds every row busy waits in a bounded que
 every running row: a decoding row its last token, a row still reading its prompt the next chunk of it
 (at most ``prefill_tokens`` prompt tokens per step over all rows, ``STEP_PROMPT_TOKENS`` by default, so
 a long prompt delays the streams already decoding by a bounded step; each prompt's first token goes out
-as soon as that prompt is read). A request that finishes (EOS, stop id, stop string, max tokens, a full
-row) or is cancelled frees its row at once, and a waiting one takes it in the next step.
+as soon as that prompt is read, and a request that comes while a step reads prompts joins that reading
+at its next model call). A request that finishes (EOS, stop id, stop string, max tokens, a full row) or
+is cancelled frees its row at once; a waiting one takes it at the next step, or at the step's next
+prompt call.
 
 Callers on any thread use ``submit`` (validates, then queues or refuses) and ``Request.cancel``; events
 come back through the request's ``on_event`` callback, called on the engine thread (keep it quick: the
@@ -281,11 +283,15 @@ class Engine:
             cancels, self._cancels = self._cancels, []
         for request in cancels:
             self._end(request, CANCELLED)
+        self._admit_waiting()
+        if self._running and not self._stopping:
+            self._step()
+
+    def _admit_waiting(self) -> None:
+        """Give each waiting request a free row, in order of arrival, while there are both."""
         with self._cond:
             while self._waiting and self._free and not self._stopping:
                 self._admit(self._waiting.popleft())
-        if self._running and not self._stopping:
-            self._step()
 
     def _admit(self, request: Request) -> None:
         row = heapq.heappop(self._free)
@@ -298,31 +304,54 @@ class Engine:
         self._running[row] = _Running(request, stream, stops, max_tokens)
 
     def _step(self) -> None:
-        prefill, decode, sampling, budget = [], [], {}, self.prefill_tokens
-        for row, run in self._running.items():
-            prompt = run.request.prompt_ids
-            if run.fed < len(prompt):
-                take = min(budget, len(prompt) - run.fed)
-                if take == 0:
-                    continue  # this step's prompt budget is spent; its turn comes in the next one
-                prefill.append(Prefill(row, prompt[run.fed:run.fed + take], run.fed, run.fed + take == len(prompt)))
-                run.fed += take
-                budget -= take
-            else:
-                decode.append(Decode(row, run.last))
-            sampling[row] = run.request.params.sampling
-        # Each model call's prompt chunks are a runner step of their own (a chunk, or short prompts the runner
-        # reads together: ``Runner.prompt_groups``), then the decoding rows one together: a prompt's first
-        # token goes out as soon as it is read rather than after every other prompt of the step (a burst of
-        # 16: the first after a sixteenth of it).
-        started, sampled = time.perf_counter(), 0
-        parts = [{"prefill": group} for group in self.runner.prompt_groups(prefill)]
-        for part in parts + ([{"decode": decode}] if decode else []):
-            for row, result in self.runner.step(**part, sampling=sampling).items():
-                sampled += result.token is not None
-                self._advance(self._running[row], result)
+        """Read prompts, a model call at a time, up to the step's budget; then decode the rows whose
+        prompts were read before the step began, one call for all. Requests that come while the prompts
+        are read join the reading at the next call rather than after the step: a burst's late arrivals
+        would otherwise wait a whole step of other prompts before theirs began (Qwen's shapes, 16 at a
+        time: the last first tokens at 6.2-6.5 s; docs/SERVE.md)."""
+        decoding = [(run, Decode(row, run.last)) for row, run in self._running.items()
+                    if run.fed == len(run.request.prompt_ids)]
+        started, sampled, budget = time.perf_counter(), 0, self.prefill_tokens
+        while budget and not self._stopping:
+            group = self._next_prompt_group(budget)
+            if not group:
+                break
+            sampled += self._call(prefill=group)
+            budget -= sum(len(p.tokens) for p in group)
+            self._admit_waiting()
+        decode = [d for run, d in decoding if self._running.get(d.row) is run]
+        if decode:
+            sampled += self._call(decode=decode)
         now = time.perf_counter()
         self.metrics.step(now - started, sampled, now)
+
+    def _next_prompt_group(self, budget: int) -> list[Prefill]:
+        """The next model call's prompt chunks, within ``budget`` tokens: the runner's first group
+        (``Runner.prompt_groups``: a chunk, or short prompts it reads together) of the rows still reading,
+        taken in order of admission, so the longest-waiting prompt is read first."""
+        prefill = []
+        for row, run in self._running.items():
+            prompt = run.request.prompt_ids
+            take = min(budget, len(prompt) - run.fed)
+            if take > 0:
+                prefill.append(Prefill(row, prompt[run.fed:run.fed + take], run.fed, run.fed + take == len(prompt)))
+                budget -= take
+        if not prefill:
+            return []
+        group = self.runner.prompt_groups(prefill)[0]
+        for p in group:
+            self._running[p.row].fed += len(p.tokens)
+        return group
+
+    def _call(self, **part: list) -> int:
+        """One runner step over a group of prompt chunks or the decoding rows; how many tokens it sampled."""
+        rows = [item.row for item in part.get("prefill", part.get("decode", []))]
+        sampling = {row: self._running[row].request.params.sampling for row in rows}
+        sampled = 0
+        for row, result in self.runner.step(**part, sampling=sampling).items():
+            sampled += result.token is not None
+            self._advance(self._running[row], result)
+        return sampled
 
     def _advance(self, run: _Running, result: RowResult) -> None:
         request = run.request

@@ -98,6 +98,36 @@ def test_a_prompts_first_token_goes_out_before_the_next_prompt_is_read(checkpoin
     assert [firsts[i] for i in range(3)] == [[9, 0, 0], [9, 14, 0], [9, 14, 5]]
 
 
+def test_a_request_that_comes_while_prompts_are_read_joins_that_reading(checkpoint_dir):
+    """A decodes; B comes, and while B's prompt is read C comes: C is read in that same step, before its
+    decode call, rather than a whole step later; each gives the tokens it gives alone."""
+    runner, tokenizer = make_runner(checkpoint_dir, "reference:numpy")
+    specs = [(9, 1, 4), (14, 2, 3), (5, 3, 2)]  # A, B, C: (prompt length, seed, new tokens)
+    alone = [generate(runner, prompt(n, s), new, eos_ids=[]).token_ids for n, s, new in specs]
+    engine = Engine(runner, tokenizer)
+    submit = lambda i: engine.submit(prompt(*specs[i][:2]), Params(max_tokens=specs[i][2], ignore_eos=True))
+    calls, requests, step = [], [], runner.step
+
+    def recorded(prefill=(), decode=(), **kw):
+        calls.append((engine.metrics.steps, "prefill" if prefill else "decode", [x.row for x in prefill or decode]))
+        if decode and len(requests) == 1 or prefill and prefill[0].row == 1 and len(requests) == 2:
+            requests.append(submit(len(requests)))  # B while A decodes, C while B's prompt is read
+        return step(prefill=prefill, decode=decode, **kw)
+
+    runner.step = recorded
+    requests.append(submit(0))
+    engine.start()
+    try:
+        first = requests[0].result()  # B and C are submitted, on the engine thread, before A's last token
+        results = [first] + [r.result() for r in requests[1:]]
+    finally:
+        engine.stop()
+    assert [r.token_ids for r in results] == alone
+    b_step = next(s for s, kind, rows in calls if kind == "prefill" and rows == [1])
+    assert [(kind, rows) for s, kind, rows in calls if s == b_step] == [("prefill", [1]), ("prefill", [2]),
+                                                                        ("decode", [0])]
+
+
 def test_the_step_budget_must_be_positive(checkpoint_dir):
     runner, tokenizer = make_runner(checkpoint_dir, "reference:numpy")
     with pytest.raises(LinnetError, match="prefill_tokens must be at least 1"):
