@@ -308,7 +308,7 @@ class Engine:
         prompts were read before the step began, one call for all. Requests that come while the prompts
         are read join the reading at the next call rather than after the step: a burst's late arrivals
         would otherwise wait a whole step of other prompts before theirs began (Qwen's shapes, 16 at a
-        time: the last first tokens at 6.2-6.5 s; docs/SERVE.md)."""
+        time: the later waves' last first tokens at 6.2-6.5 s; docs/NOTEBOOK.md)."""
         decoding = [(run, Decode(row, run.last)) for row, run in self._running.items()
                     if run.fed == len(run.request.prompt_ids)]
         started, sampled, budget = time.perf_counter(), 0, self.prefill_tokens
