@@ -1,12 +1,13 @@
 # Set-up and the two everyday commands. Everything installs into .venv from nothing.
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install -q --disable-pip-version-check
+# Every install is held to constraints.txt, the versions the tests last passed with.
+PIP := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt
 
 .PHONY: setup test-setup demo test test-slow
 
 setup: $(VENV)/.linnet
-$(VENV)/.linnet: pyproject.toml
+$(VENV)/.linnet: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PIP) torch==2.13.0              # the CPU build on disk; an unpinned torch pulls gigabytes of CUDA
 	$(PIP) -e '.[xla,onnx,serve,test]'

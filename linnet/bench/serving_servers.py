@@ -108,9 +108,11 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
             raise NotRunnable(f"no `transformers` command beside {sys.executable}")
         command = [str(executable), "serve", str(hf_dir), "--continuous-batching", "--device", "cpu",
                    "--dtype", torch_dtype, *address]
-        # It takes only text prompts, refuses fields it does not know (ignore_eos) and always streams its usage;
-        # a generation config without an EOS id never stops early, so every request returns all the new tokens.
-        body = {"generation_config": json.dumps({"max_new_tokens": new_tokens, "do_sample": False})}
+        # It takes only text prompts and refuses fields it does not know (ignore_eos); a generation config without
+        # an EOS id never stops early, so every request returns all the new tokens. Since 5.25 it streams the usage
+        # counts only when asked, as OpenAI's API does.
+        body = {"generation_config": json.dumps({"max_new_tokens": new_tokens, "do_sample": False}),
+                "stream_options": {"include_usage": True}}
         return Server(row_id, name, False, command, env, str(hf_dir), False, body,
                       ["continuous batching (paged attention), its default settings",
                        "reserves a paged KV-cache pool up front, so its memory is a setting, not a need",
