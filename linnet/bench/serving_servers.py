@@ -108,10 +108,12 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
             raise NotRunnable(f"no `transformers` command beside {sys.executable}")
         command = [str(executable), "serve", str(hf_dir), "--continuous-batching", "--device", "cpu",
                    "--dtype", torch_dtype, *address]
-        # It takes only text prompts and refuses fields it does not know (ignore_eos); a generation config without
-        # an EOS id never stops early, so every request returns all the new tokens. Since 5.25 it streams the usage
-        # counts only when asked, as OpenAI's API does.
-        body = {"generation_config": json.dumps({"max_new_tokens": new_tokens, "do_sample": False}),
+        # It takes only text prompts and refuses fields it does not know (ignore_eos). The request's generation
+        # config updates the model's, whose EOS id would end requests early: EOS id -1 (continuous batching's
+        # "disabled"; null falls back to the model's) has every request return all the new tokens. Since 5.25
+        # it streams the usage counts only when asked, as OpenAI's API does.
+        never_stop = {"max_new_tokens": new_tokens, "do_sample": False, "eos_token_id": -1}
+        body = {"generation_config": json.dumps(never_stop),
                 "stream_options": {"include_usage": True}}
         return Server(row_id, name, False, command, env, str(hf_dir), False, body,
                       ["continuous batching (paged attention), its default settings",

@@ -3,6 +3,8 @@ bench's client, on a tiny checkpoint and a tiny profile."""
 from __future__ import annotations
 
 import io
+import json
+import shutil
 import subprocess
 import sys
 
@@ -132,9 +134,11 @@ def test_command_writes_results(checkpoint_dir, tmp_path):
 
 
 @pytest.mark.slow  # transformers serve takes 15-25 s to start
-def test_transformers_serve_returns_exactly_the_new_tokens(checkpoint_dir):
-    linnet, peer = serving_rows(str(checkpoint_dir(CASE)), [SERVER, "transformers"], TINY, "f32", 1, io.StringIO(),
-                                rounds=2)
+def test_transformers_serve_returns_exactly_the_new_tokens(checkpoint_dir, tmp_path):
+    # Every token an EOS in the model's generation config: a request that heeded it would end at its first token.
+    model = shutil.copytree(checkpoint_dir(CASE), tmp_path / "model")
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": list(range(open_spec(str(model)).vocab_size))}))
+    linnet, peer = serving_rows(str(model), [SERVER, "transformers"], TINY, "f32", 1, io.StringIO(), rounds=2)
     assert peer.id == "transformers:serve" and peer.not_run is None, peer.not_run
     assert "30 tokens returned (6 x 5)" in peer.notes and peer.memory_is_setting
     assert linnet.against.row == "transformers:serve"
