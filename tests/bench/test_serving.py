@@ -137,7 +137,8 @@ def test_command_writes_results(checkpoint_dir, tmp_path):
 def test_transformers_serve_returns_exactly_the_new_tokens(checkpoint_dir, tmp_path):
     # Every token an EOS in the model's generation config: a request that heeded it would end at its first token.
     model = shutil.copytree(checkpoint_dir(CASE), tmp_path / "model")
-    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": list(range(open_spec(str(model)).vocab_size))}))
+    every_token = list(range(open_spec(str(model)).vocab_size))
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": every_token}))
     linnet, peer = serving_rows(str(model), [SERVER, "transformers"], TINY, "f32", 1, io.StringIO(), rounds=2)
     assert peer.id == "transformers:serve" and peer.not_run is None, peer.not_run
     assert "30 tokens returned (6 x 5)" in peer.notes and peer.memory_is_setting
