@@ -36,8 +36,10 @@ START_TIMEOUT_S = 900.0  # a compiled backend compiles before it listens: minute
 STOP_TIMEOUT_S = 30.0
 MEMORY_SAMPLE_S = 0.2
 TRITON_ROWS = "triton:linnet:"  # + BACKEND: the id of a row of Triton hosting linnet.serve
-# Greedy, every new token whatever it is, and the usage counts at the end of the stream (vLLM's extension).
-STREAMED_GREEDY = {"temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}}
+# The usage counts at the end of the stream, which the client needs from every server.
+WITH_USAGE = {"stream_options": {"include_usage": True}}
+# Greedy, every new token whatever it is (vLLM's extension), and the usage counts.
+STREAMED_GREEDY = {"temperature": 0, "ignore_eos": True, **WITH_USAGE}
 
 
 class NotRunnable(Exception):
@@ -113,8 +115,7 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
         # "disabled"; null falls back to the model's) has every request return all the new tokens. Since 5.25
         # it streams the usage counts only when asked, as OpenAI's API does.
         never_stop = {"max_new_tokens": new_tokens, "do_sample": False, "eos_token_id": -1}
-        body = {"generation_config": json.dumps(never_stop),
-                "stream_options": {"include_usage": True}}
+        body = {"generation_config": json.dumps(never_stop), **WITH_USAGE}
         return Server(row_id, name, False, command, env, str(hf_dir), False, body,
                       ["continuous batching (paged attention), its default settings",
                        "reserves a paged KV-cache pool up front, so its memory is a setting, not a need",
