@@ -102,6 +102,32 @@ def test_a_prompt_split_over_steps_matches_one_prefill(checkpoint_dir, backend):
     assert np.abs(rest[1].logits - whole.logits).max() <= 1e-4
 
 
+@pytest.mark.parametrize("backend", ["reference:numpy", "onnx:cpu"])
+def test_chunks_whose_logits_nobody_reads_select_no_tokens(checkpoint_dir, backend):
+    def spied(runner):  # the real runner, its calls' selected token counts noted
+        selected, forward = [], runner._forward
+        runner.prefill_chunk = 8
+
+        def note(tokens, positions, rows, select):
+            selected.append(None if select is None else select.shape[1])
+            return forward(tokens, positions, rows, select)
+
+        runner._forward = note
+        return runner, selected
+
+    runner, selected = spied(make_runner(checkpoint_dir, backend))
+    assert runner.reads_without_logits
+    ids = prompt(20, seed=11)
+    first = runner.step(prefill=[Prefill(1, ids[:12], sample=False)])[1]  # chunks of 8 and 4, no token drawn
+    assert first.status == OK and first.token is None and selected == [0, 0]
+    rest = runner.step(prefill=[Prefill(1, ids[12:], start=12)], logits=True)[1]
+    assert selected[2:] == [1]
+    alone, selected = spied(make_runner(checkpoint_dir, backend))
+    whole = alone.step(prefill=[Prefill(0, ids)], logits=True)[0]  # 8, 8, 4: only the last chunk's logits
+    assert selected == [0, 0, 1]
+    assert rest.token == whole.token and np.abs(rest.logits - whole.logits).max() <= 1e-4
+
+
 @pytest.mark.parametrize("backend", QUICK)
 def test_a_full_row_reports_it_and_its_neighbours_go_on(checkpoint_dir, backend):
     runner = make_runner(checkpoint_dir, backend, rows=2, positions=16)

@@ -100,6 +100,9 @@ class OnnxRunner(Runner):
         super().__init__(weights.spec, cache)
         start = time.perf_counter()
         self.name, self.mode, self.dtype = f"onnx:{mode}", mode, dtype
+        # a chunk that draws no token selects none, and skips the head (``Runner.reads_without_logits``);
+        # on the CPU provider, where it was measured; GPU providers keep one (no empty shape tried there)
+        self.reads_without_logits = mode == "cpu"
         self.device = DEVICES[mode]
         self.options = graph_options(mode, dtype, weights.spec, cache)
         if quantize is None:

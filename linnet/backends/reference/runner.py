@@ -19,6 +19,7 @@ def unavailable(mode: str) -> str | None:
 
 
 class NumpyRunner(Runner):
+    reads_without_logits = True
     def __init__(self, weights: Weights, cache: CacheShape = CacheShape(), dtype: str = "f32", mode: str = "numpy"):
         if dtype != "f32":
             raise LinnetError(f"reference:numpy runs f32 only, not {dtype}")
