@@ -76,8 +76,9 @@ class Runner(ABC):
     prefill_chunk: int = 256  # the most tokens of one row a single model call takes
     prompts_together: bool = False  # whether one call may read several rows' short prompts (``prompt_groups``)
     # whether ``_forward`` takes a ``select`` of no tokens: a prompt chunk whose logits nobody reads then
-    # skips the head's product (a pass over the vocabulary's weights: 20-25 ms of a 200-token chunk of
-    # Qwen2.5-0.5B's shapes on ONNX Runtime, 2 threads). Compiled backends would build another shape.
+    # skips the head's product (a pass over the vocabulary's weights: 11-25 ms a call on Qwen2.5-0.5B's
+    # shapes on ONNX Runtime, 2 threads; docs/NOTEBOOK.md, 2026-12-03 20:00). Compiled backends would
+    # build another shape for it, so they keep the last token's.
     reads_without_logits: bool = False
 
     def __init__(self, spec: ModelSpec, cache: CacheShape):
@@ -234,9 +235,13 @@ class Runner(ABC):
             chunk = tokens[at:at + self.prefill_chunk]
             # reshaped, not [None]: a stride of 0 on the row axis would be a new shape to a compiler
             positions = np.arange(start + at, start + at + len(chunk), dtype=np.int64).reshape(1, -1)
-            wanted = pick and at + self.prefill_chunk >= len(tokens)
-            select = None if all_logits else (np.array([[len(chunk) - 1]], dtype=np.int64)
-                                              if wanted or not self.reads_without_logits else np.zeros((1, 0), np.int64))
+            read = pick and at + self.prefill_chunk >= len(tokens)  # the logits someone reads
+            if all_logits:
+                select = None
+            elif read or not self.reads_without_logits:
+                select = np.array([[len(chunk) - 1]], dtype=np.int64)
+            else:
+                select = np.zeros((1, 0), dtype=np.int64)
             out = self._forward(np.array([chunk], dtype=np.int64), positions, np.array([row], dtype=np.int64), select)
             if all_logits:
                 every.append(self._to_host(out)[0])

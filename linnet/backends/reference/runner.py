@@ -19,7 +19,8 @@ def unavailable(mode: str) -> str | None:
 
 
 class NumpyRunner(Runner):
-    reads_without_logits = True
+    reads_without_logits = True  # NumPy takes a select of no tokens as it comes
+
     def __init__(self, weights: Weights, cache: CacheShape = CacheShape(), dtype: str = "f32", mode: str = "numpy"):
         if dtype != "f32":
             raise LinnetError(f"reference:numpy runs f32 only, not {dtype}")
