@@ -31,6 +31,7 @@ from linnet.registry.schema import Protocol, Serving
 from linnet.results import SERVING_GROUP, Against, Machine, Metric, Results, Row
 
 PROMPT_SEED = 0
+WARM_UP_SEED = 1
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,31 @@ def random_prompts(vocab_size: int, profile: ServingProfile, seed: int = PROMPT_
     return [rng.integers(0, vocab_size, n).tolist() for n in lengths]
 
 
+@dataclass(frozen=True)
+class Prompts:
+    """The load's prompts, as token ids and as text, and the warm-up request's (which a server answers
+    before the load is timed; a compiled server compiles there). The warm-up is drawn with a seed of its
+    own: had it been the load's first prompt, a server that caches prefixes (vLLM does by default) would
+    find that prompt in its cache (vLLM's first first token of 2026-12-03's runs came in 150 ms, where
+    Linnet read all 455 tokens)."""
+
+    ids: list[list[int]]
+    texts: list[str]
+    warm_up_ids: list[int]
+    warm_up_text: str
+
+    @classmethod
+    def draw(cls, tokenizer: Any, vocab_size: int, profile: ServingProfile) -> Prompts:
+        ids = random_prompts(vocab_size, profile)
+        warm_up = random_prompts(vocab_size, profile, WARM_UP_SEED)[0]
+        texts = [tokenizer.decode(p, skip_special_tokens=False) for p in [*ids, warm_up]]
+        return cls(ids, texts[:-1], warm_up, texts[-1])
+
+    def sent(self, token_ids: bool) -> tuple[list[int] | str, list[list[int]] | list[str]]:
+        """The warm-up and the load as a server takes them: token ids, or text."""
+        return (self.warm_up_ids, self.ids) if token_ids else (self.warm_up_text, self.texts)
+
+
 def serving_rows(model: str, servers: list[str], profile: ServingProfile, dtype: str, threads: int | None,
                  log: Any = sys.stderr, rounds: int = 1) -> list[Row]:
     """One row per server, in the order given; a server that cannot run is a row "not run: reason".
@@ -82,8 +108,7 @@ def serving_rows(model: str, servers: list[str], profile: ServingProfile, dtype:
     if rounds < 1:
         raise LinnetError(f"rounds must be at least 1, got {rounds}")
     hf_dir = path if path.is_dir() else None
-    prompts = random_prompts(loaded.spec.vocab_size, profile)
-    texts = [loaded.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
+    prompts = Prompts.draw(loaded.tokenizer, loaded.spec.vocab_size, profile)
     threads = threads or machine.cores()
     rows: list[Row] = []
     for spec in servers:
@@ -101,12 +126,12 @@ def serving_rows(model: str, servers: list[str], profile: ServingProfile, dtype:
             print(f"linnet bench-serve: {servers[i]}{f' (round {n + 1} of {rounds})' if rounds > 1 else ''} ...",
                   file=log, flush=True)
             try:
-                runs[i].append(run_server(servers[i], str(path), hf_dir, profile, dtype, threads, prompts, texts, log))
+                runs[i].append(run_server(servers[i], str(path), hf_dir, profile, dtype, threads, prompts, log))
             except NotRunnable as e:
                 rows[i].not_run = str(e) if rounds == 1 else f"{e} (round {n + 1} of {rounds})"
     for row, server_runs in zip(rows, runs):
         if not row.not_run:
-            measured(row, server_runs, profile, prompts)
+            measured(row, server_runs, profile, prompts.ids)
     add_comparisons(rows)
     return rows
 
@@ -122,7 +147,7 @@ class Run:
 
 
 def run_server(spec: str, model: str, hf_dir: Path | None, profile: ServingProfile, dtype: str, threads: int,
-               prompts: list[list[int]], texts: list[str], log: Any) -> Run:
+               prompts: Prompts, log: Any) -> Run:
     """Start the server, send it the load, stop it. Raises NotRunnable with the reason where it did not run
     (a request that failed: "failed: ...")."""
     port = free_port()
@@ -131,8 +156,8 @@ def run_server(spec: str, model: str, hf_dir: Path | None, profile: ServingProfi
     running = Running(server, port)
     try:
         running.wait_ready()
-        sent = prompts if server.token_ids else texts
-        run_load(running.url, server.model, sent[:1], 1, 1, server.body, server.api)  # a compiled server compiles here
+        warm_up, sent = prompts.sent(server.token_ids)
+        run_load(running.url, server.model, [warm_up], 1, 1, server.body, server.api)  # a compiled server compiles here
         load_s = running.elapsed()
         print(f"linnet bench-serve: {spec} ready in {load_s:.1f} s; {profile.describe()}", file=log, flush=True)
         load = run_load(running.url, server.model, sent, profile.new_tokens, profile.concurrency, server.body,

@@ -11,10 +11,10 @@ import sys
 import pytest
 
 from linnet.bench import arithmetic
-from linnet.bench.serving import PROFILES, ServingProfile, random_prompts, serving_results, serving_rows
+from linnet.bench.serving import PROFILES, Prompts, ServingProfile, random_prompts, serving_results, serving_rows
 from linnet.bench.serving_client import OPENAI, TRITON, read_chunk
 from linnet.bench.serving_servers import vllm_kv_cache_bytes
-from linnet.model import open_spec
+from linnet.model import open_model, open_spec
 from linnet.results import load_results, save_results
 from linnet.site.render import render_site
 
@@ -37,6 +37,20 @@ def test_prompts_are_fixed_and_in_range():
     assert len(prompts) == TINY.requests
     assert all(TINY.prompt_min <= len(p) <= TINY.prompt_max and max(p) < 331 for p in prompts)
     assert len({len(p) for p in prompts}) > 1  # lengths vary
+
+
+def test_the_warm_up_shares_no_prefix_with_the_load(checkpoint_dir):
+    """A server that caches prefixes (vLLM) must not find a load prompt in its cache from the warm-up."""
+    loaded = open_model(str(checkpoint_dir(CASE)))
+    tokenizer, vocab = loaded.tokenizer, loaded.spec.vocab_size
+    prompts = Prompts.draw(tokenizer, vocab, TINY)
+    assert prompts.ids == random_prompts(vocab, TINY)  # the load itself is unchanged
+    assert TINY.prompt_min <= len(prompts.warm_up_ids) <= TINY.prompt_max
+    assert all(p[:2] != prompts.warm_up_ids[:2] for p in prompts.ids)
+    assert prompts.sent(True) == (prompts.warm_up_ids, prompts.ids)
+    warm_up_text, texts = prompts.sent(False)
+    assert warm_up_text == tokenizer.decode(prompts.warm_up_ids, skip_special_tokens=False)
+    assert texts == [tokenizer.decode(p, skip_special_tokens=False) for p in prompts.ids]
 
 
 def test_a_token_with_no_text_yet_is_still_its_first_token():
