@@ -71,6 +71,32 @@ class RowResult:
     message: str = ""
 
 
+# A model call's own cost in padded prompt tokens, beside the tokens it reads: SmolLM2 on ONNX Runtime's CPU
+# provider (2 threads) read groups of 128-248 padded tokens in 24 ms a call plus 0.68 ms a token; splitting
+# short prompts to pad less at that price read the decode-heavy profile's waves 1.0-1.4% faster than
+# filling each call shortest first (docs/NOTEBOOK.md, 2026-12-03 23:32).
+CALL_TOKENS = 32
+
+
+def groups_by_length(lengths: Sequence[int], most: int, call_tokens: int = CALL_TOKENS) -> list[tuple[int, int]]:
+    """Split ascending ``lengths`` into runs read a call each, as [begin, end) bounds: the split of least
+    cost, a run costing its padded tokens (its size x its last, longest length) and ``call_tokens``, and
+    padding to at most ``most`` tokens unless it is a single length."""
+    cost, begins = [0.0], []
+    for end in range(1, len(lengths) + 1):
+        options = [(cost[begin] + call_tokens + (end - begin) * lengths[end - 1], begin)
+                   for begin in range(end - 1, -1, -1)
+                   if begin == end - 1 or (end - begin) * lengths[end - 1] <= most]
+        best, begin = min(options)
+        cost.append(best)
+        begins.append(begin)
+    bounds, end = [], len(lengths)
+    while end:
+        bounds.append((begins[end - 1], end))
+        end = begins[end - 1]
+    return bounds[::-1]
+
+
 class Runner(ABC):
     name: str = "runner"
     prefill_chunk: int = 256  # the most tokens of one row a single model call takes
@@ -250,23 +276,19 @@ class Runner(ABC):
     def prompt_groups(self, prefill: Sequence[Prefill]) -> list[list[Prefill]]:
         """How a step reads its prompt chunks, one model call per group. Alone, unless the backend reads
         several rows' prompts in one call (``prompts_together``): then the chunks that begin a prompt and
-        are shorter than ``prefill_chunk`` go together by length, as many to a call as fill at most
-        ``prefill_chunk`` tokens once padded to the longest. A short prompt alone leaves the products
-        too few rows to run well (16 prompts of 40 tokens, SmolLM2 on ONNX Runtime, 2 threads: 1.73 ms
-        a token one at a time, 1.07-1.27 three to eight at a time; docs/SERVE.md). The calls keep the
-        order of the chunks (a group where its first is), so the longest-waiting prompt is not read
-        last; grouping a group again gives it back whole."""
+        are shorter than ``prefill_chunk`` go together by length, each group padded to its longest and to
+        at most ``prefill_chunk`` tokens, split where padding and calls cost least (``groups_by_length``).
+        A short prompt alone leaves the products too few rows to run well (16 prompts of 40 tokens,
+        SmolLM2 on ONNX Runtime, 2 threads: 1.73 ms a token one at a time, 1.07-1.27 three to eight at a
+        time; docs/SERVE.md). The calls keep the order of the chunks (a group where its first is), so the
+        longest-waiting prompt is not read last; grouping a group again gives it back whole."""
         if not self.prompts_together:
             return [[p] for p in prefill]
         place = {id(p): i for i, p in enumerate(prefill)}
         short = sorted((p for p in prefill if p.start == 0 and len(p.tokens) < self.prefill_chunk),
                        key=lambda p: len(p.tokens))
-        groups: list[list[Prefill]] = []
-        for p in short:  # shortest first: each one added is the group's longest
-            if groups and (len(groups[-1]) + 1) * len(p.tokens) <= self.prefill_chunk:
-                groups[-1].append(p)
-            else:
-                groups.append([p])
+        bounds = groups_by_length([len(p.tokens) for p in short], self.prefill_chunk)
+        groups = [short[begin:end] for begin, end in bounds]
         grouped = {id(p) for p in short}
         groups += [[p] for p in prefill if id(p) not in grouped]
         return sorted(groups, key=lambda group: min(place[id(p)] for p in group))

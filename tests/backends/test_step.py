@@ -8,7 +8,7 @@ import pytest
 
 from linnet.backends import CacheShape, Decode, Prefill, create_runner
 from linnet.backends.registry import backends, get_backend
-from linnet.backends.runner import BAD_TOKENS, CACHE_FULL, OK
+from linnet.backends.runner import BAD_TOKENS, CACHE_FULL, OK, groups_by_length
 from linnet.generation import Sampling, generate
 from linnet.model import open_model
 
@@ -70,6 +70,35 @@ def test_short_prompts_are_grouped_shortest_first_within_a_chunk(checkpoint_dir)
     # (it starts at 3) go alone; the calls in the order of their first chunk
     assert [[e.row for e in g] for g in groups] == [[2, 4, 0], [1], [3], [5]]
     assert all(runner.prompt_groups(g) == [g] for g in groups)
+
+
+def test_short_prompts_split_where_padding_and_calls_cost_least():
+    # filling each call shortest first gives [33..49] [58..80]: 196 + 240 padded tokens in two calls
+    assert groups_by_length([33, 35, 39, 49, 58, 61, 80], 256, call_tokens=32) == [(0, 3), (3, 6), (6, 7)]
+    assert groups_by_length([33, 35, 39, 49, 58, 61, 80], 256, call_tokens=1000) == [(0, 4), (4, 7)]
+    assert groups_by_length([40, 40, 40], 256, call_tokens=0) == [(0, 3)]  # ties: fewer calls
+    assert groups_by_length([300], 256) == [(0, 1)] and groups_by_length([], 256) == []
+
+    def fits(bounds, lengths, most):
+        return all(end - begin == 1 or (end - begin) * lengths[end - 1] <= most for begin, end in bounds)
+
+    def cost(bounds, lengths, call):
+        return sum(call + (end - begin) * lengths[end - 1] for begin, end in bounds)
+
+    def every_split(n):  # every way to cut 0..n into consecutive runs
+        for cuts in range(2 ** max(n - 1, 0)):
+            edges = [0] + [i + 1 for i in range(n - 1) if cuts >> i & 1] + [n]
+            yield list(zip(edges, edges[1:]))
+
+    rng = np.random.RandomState(0)
+    for _ in range(200):
+        lengths = sorted(rng.randint(1, 120, size=rng.randint(1, 9)).tolist())
+        most, call = int(rng.randint(60, 300)), int(rng.randint(0, 80))
+        got = groups_by_length(lengths, most, call)
+        assert [b for b, _ in got] == [0] + [e for _, e in got][:-1] and got[-1][1] == len(lengths)
+        assert fits(got, lengths, most)
+        best = min(cost(split, lengths, call) for split in every_split(len(lengths)) if fits(split, lengths, most))
+        assert cost(got, lengths, call) == best
 
 
 @pytest.mark.parametrize("backend", QUICK + ["onnx:cpu"])
