@@ -58,7 +58,7 @@ def test_interleaved_requests_give_the_tokens_each_gives_alone(checkpoint_dir, b
     assert got == alone
 
 
-def test_short_prompts_are_grouped_shortest_first_within_a_chunk(checkpoint_dir):
+def test_short_prompts_are_grouped_by_length_within_a_chunk(checkpoint_dir):
     runner = make_runner(checkpoint_dir, "reference:numpy", rows=8)
     runner.prefill_chunk = 16
     entries = [Prefill(0, prompt(5, 0)), Prefill(1, prompt(16, 1)), Prefill(2, prompt(2, 2)),
