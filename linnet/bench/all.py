@@ -152,7 +152,7 @@ def run_all(settings: AllSettings, log: Any = sys.stderr) -> tuple[Results, Path
         done = Results(
             model=model_id(settings.model),
             timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            machine=Machine(accelerator=None, cpu=f"{machine.cpu_model()}, {machine.cores()} cores",
+            machine=Machine(accelerator=None, cpu=machine.cpu(),
                             memory_gib=machine.memory_gib(), threads=threads,
                             load_average=[round(x, 2) for x in os.getloadavg()], read_gb_s=Metric(statistics.median(read_gb_s), read_gb_s),
                             matmul_gflop_s=gflop_s and Metric(statistics.median(gflop_s), gflop_s)),

@@ -85,7 +85,7 @@ def run_bench(settings: Settings, log: Any = sys.stderr) -> Results:
     return Results(
         model=settings.model if not Path(settings.model).exists() else path.resolve().name,
         timestamp=started,
-        machine=Machine(accelerator=accelerator, cpu=f"{machine.cpu_model()}, {machine.cores()} cores",
+        machine=Machine(accelerator=accelerator, cpu=machine.cpu(),
                         memory_gib=machine.memory_gib(), threads=threads, load_average=load_average,
                         read_gb_s=_metric(read_gb_s)),
         versions=machine.versions(),

@@ -242,7 +242,7 @@ def serving_results(model: str, model_id: str, servers: list[str], profile: Serv
     protocol = Protocol(prompt_tokens=profile.prompt_max, new_tokens=profile.new_tokens, batch=profile.concurrency,
                         runs=rounds, warmups=1, serving=profile.serving())
     return Results(model=model_id, timestamp=started,
-                   machine=Machine(accelerator=None, cpu=f"{machine.cpu_model()}, {machine.cores()} cores",
+                   machine=Machine(accelerator=None, cpu=machine.cpu(),
                                    memory_gib=machine.memory_gib(), threads=threads or machine.cores(),
                                    load_average=load_average,
                                    matmul_gflop_s=Metric(statistics.median(gflop_s), gflop_s)),
