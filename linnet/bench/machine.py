@@ -16,14 +16,19 @@ from typing import Any
 from linnet.errors import LinnetError
 
 
-def cpu_model() -> str | None:
+def _proc_field(path: str, key: str) -> str | None:
+    """What follows the colon on the first line of a /proc file that starts with ``key``; None without one."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or None
+    return None
+
+
+def cpu_model() -> str | None:
+    return _proc_field("/proc/cpuinfo", "model name") or platform.processor() or None
 
 
 # The vector units that set a CPU's product rate, widest first. The VMs drawn here share a model name
@@ -32,13 +37,7 @@ VECTOR_UNITS = (("avx512f", "AVX-512"), ("amx_tile", "AMX"))
 
 
 def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set((_proc_field("/proc/cpuinfo", "flags") or "").split())
 
 
 def vector_units(flags: set[str]) -> list[str]:
@@ -54,13 +53,8 @@ def cpu() -> str:
 
 
 def memory_gib() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return None
+    total = _proc_field("/proc/meminfo", "MemTotal:")  # "24576000 kB"
+    return round(int(total.split()[0]) / 2**20, 1) if total else None
 
 
 def cores() -> int:
