@@ -80,6 +80,15 @@ def exit_on_interrupt() -> typing.Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def entry() -> typing.NoReturn:
+    """The ``linnet`` command: ``main`` on this process's arguments, then exit with its status. Once the
+    command is done, a Ctrl-C is ignored: Python resets SIGINT to its default while it exits, and a
+    signal landing then would kill a finished run silently (status 130, no line)."""
+    status = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(status)
+
+
 def fail(message: str) -> int:
     print(f"linnet: error: {message}", file=sys.stderr)
     return 2
@@ -91,4 +100,4 @@ def interrupted() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

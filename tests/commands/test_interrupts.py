@@ -145,3 +145,16 @@ def test_ctrl_c_while_importing_is_one_line(delay, tmp_path):
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode in STATUS_130 and stderr == INTERRUPTED or (process.returncode, stderr) == (0, ""), stderr
+
+
+def test_ctrl_c_after_the_command_finished_changes_nothing(tmp_path):
+    """Python resets SIGINT to its default while it exits, so a Ctrl-C then killed a finished run with no
+    line (status -2). An exit handler sends one as the process exits and gives it time to land."""
+    code = ("import atexit, os, signal, sys, time\n"
+            "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2)))\n"
+            "sys.argv = ['linnet', 'models']\n"
+            "from linnet.cli import entry\n"
+            "entry()\n")
+    process = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert (process.returncode, process.stderr) == (0, ""), process.stderr
+    assert "smollm2-135m-instruct" in process.stdout
