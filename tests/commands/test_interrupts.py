@@ -21,15 +21,19 @@ INTERRUPTED = "linnet: interrupted\n"
 STATUS_130 = (130, -signal.SIGINT)
 
 
-def as_from_a_terminal() -> None:
-    """Ctrl-C's default action in the child, as a terminal starts it: a test run started as a shell's
-    background job would pass it on ignored (and Python keeps it ignored)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+@pytest.fixture(autouse=True)
+def ctrl_c_as_from_a_terminal():
+    """The commands start with Ctrl-C's default action, as from a terminal: a test run started as a
+    shell's background job has it ignored, which its children would inherit (and Python keeps). A
+    signal this process catches is reset to its default in the programs it starts."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def start(argv: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "linnet", *argv], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal)
+                            stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(process: subprocess.Popen, ready: Callable[[], bool], timeout: float = 120) -> bool:
@@ -161,7 +165,6 @@ def test_ctrl_c_after_the_command_finished_changes_nothing(tmp_path):
             "sys.argv = ['linnet', 'models']\n"
             "from linnet.cli import entry\n"
             "entry()\n")
-    process = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                             timeout=120, preexec_fn=as_from_a_terminal)
+    process = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert (process.returncode, process.stderr) == (0, ""), process.stderr
     assert "smollm2-135m-instruct" in process.stdout
