@@ -37,15 +37,16 @@ INDUCTOR_CASES = {"qwen3-gqa3", "llama-mqa-tied-rope3"}
 MATRIX = [(b.id, d) for b in backends() for d in b.dtypes]
 
 
+def spare_inductor_case(backend: str, case: str) -> bool:
+    return backend == "torch:inductor" and case not in INDUCTOR_CASES
+
+
 def slow(backend: str, dtype: str, case: str) -> bool:
-    if backend in UNCOMPILED:
-        return False
-    return dtype != "f32" or (backend == "torch:inductor" and case not in INDUCTOR_CASES)
+    return backend not in UNCOMPILED and (dtype != "f32" or spare_inductor_case(backend, case))
 
 
 PARAMS = [pytest.param(b, d, c, id=f"{b}-{d}-{c}", marks=[pytest.mark.slow] if slow(b, d, c) else [])
-          for b, d in MATRIX for c in CASE_IDS
-          if not (b == "torch:inductor" and d != "f32" and c not in INDUCTOR_CASES)]
+          for b, d in MATRIX for c in CASE_IDS if d == "f32" or not spare_inductor_case(b, c)]
 
 
 def tolerance(dtype: str, reference: np.ndarray) -> float:
