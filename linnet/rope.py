@@ -22,6 +22,8 @@ def inv_frequencies(rope: RopeSpec, head_dim: int, dtype: type = np.float32) -> 
     inv_freq = 1 / (rope.theta ** exponents.astype(np.float64)).astype(dtype)
     if rope.kind == "default":
         return inv_freq
+    if rope.kind == "linear":  # positions divided by the factor, as transformers divides the frequencies
+        return inv_freq / dtype(rope.factor)
     if rope.kind != "llama3":
         raise ValueError(f"rope kind {rope.kind!r} has no frequencies defined")
     # Llama 3: wavelengths past original / low slowed by factor, those under original / high kept,
@@ -36,8 +38,8 @@ def inv_frequencies(rope: RopeSpec, head_dim: int, dtype: type = np.float32) -> 
 
 
 def rope_tables(spec: ModelSpec, positions: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of every angle, each float32 ``[positions, head_dim]``; the angles of a position are
+    """cos and sin of every angle, each float32 ``[positions, rotary_dim]``; the angles of a position are
     listed twice (``cat(angles, angles)``), since HF rotates the two halves of a head by the same angle."""
-    angles = np.arange(positions, dtype=np.float32)[:, None] * inv_frequencies(spec.rope, spec.head_dim)
+    angles = np.arange(positions, dtype=np.float32)[:, None] * inv_frequencies(spec.rope, spec.rotary_dim)
     angles = np.concatenate([angles, angles], axis=-1)
     return np.cos(angles), np.sin(angles)

@@ -19,10 +19,11 @@ MAX_LAYERS = 1024  # no published decoder has a quarter as many; bounds what a c
 
 @dataclass(frozen=True)
 class RopeSpec:
-    """Rotary embedding: plain (``default``) or Llama 3 frequency scaling (``llama3``)."""
+    """Rotary embedding: plain (``default``), positions slowed by ``factor`` (``linear``), or Llama 3
+    frequency scaling (``llama3``)."""
 
     theta: float
-    kind: str = "default"  # "default" | "llama3"
+    kind: str = "default"  # "default" | "linear" | "llama3"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 1.0
@@ -43,12 +44,27 @@ class ModelSpec:
     rope: RopeSpec
     max_positions: int
     tie_word_embeddings: bool
-    qkv_bias: bool
-    o_bias: bool
-    qk_norm: bool
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
     dtype: str = "f32"  # the checkpoint's dtype
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # What the families beyond Llama differ in, each read by its architecture; the defaults are Llama's.
+    norm: str = "rms"  # "rms" | "layer" (LayerNorm with a bias); rms_norm_eps is either's epsilon
+    activation: str = "silu"  # the MLP's: "silu" | "gelu" | "gelu_tanh"
+    mlp_bias: bool = False
+    rope_dim: int | None = None  # partial rotary: the leading dims of a head that rotate; None: all
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0  # on each sublayer's output before its residual add
+    logit_multiplier: float = 1.0
+    sliding_window: int | None = None  # the window of "sliding" layers, in tokens (the query's own included)
+    layer_types: tuple[str, ...] = ()  # per layer "full" | "sliding"; empty: every layer full
+    nope_layers: tuple[int, ...] = ()  # layers without rotary embedding
+    parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x))
 
     def __post_init__(self) -> None:
         """What every reader's values must satisfy, whatever the file said: the last line of defence
@@ -72,9 +88,44 @@ class ModelSpec:
                 raise UnsupportedModel(f"{name} must be a finite, positive number, got {value!r}")
         if self.dtype not in DTYPES:
             raise UnsupportedModel(f"unsupported dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
+        self._check_family_fields()
         ids = [self.bos_token_id, *self.eos_token_ids]
         if any(i is not None and (type(i) is not int or not 0 <= i < self.vocab_size) for i in ids):
             raise UnsupportedModel(f"token ids {ids} (bos, eos) must be in the vocabulary of {self.vocab_size}")
+
+    def _check_family_fields(self) -> None:
+        if self.norm not in ("rms", "layer"):
+            raise UnsupportedModel(f"norm {self.norm!r} is not supported (rms, layer)")
+        if self.activation not in ("silu", "gelu", "gelu_tanh"):
+            raise UnsupportedModel(f"activation {self.activation!r} is not supported (silu, gelu, gelu_tanh)")
+        if self.rope_dim is not None and (type(self.rope_dim) is not int or self.rope_dim % 2 or
+                                          not 0 < self.rope_dim <= self.head_dim):
+            raise UnsupportedModel(f"rotary dimension {self.rope_dim!r} must be even and within head_dim {self.head_dim}")
+        for name in ("attention_scale", "attn_softcap", "final_softcap", "embedding_multiplier",
+                     "residual_multiplier", "logit_multiplier"):
+            value = getattr(self, name)
+            if value is not None and (type(value) not in (int, float) or not math.isfinite(value) or value <= 0):
+                raise UnsupportedModel(f"{name} must be a finite, positive number, got {value!r}")
+        if self.layer_types:
+            if len(self.layer_types) != self.num_layers or set(self.layer_types) - {"full", "sliding"}:
+                raise UnsupportedModel(f"layer_types must give 'full' or 'sliding' for each of the {self.num_layers} "
+                                       f"layers, got {list(self.layer_types)}")
+            if "sliding" in self.layer_types and not (type(self.sliding_window) is int and self.sliding_window > 0):
+                raise UnsupportedModel(f"sliding layers need a positive sliding_window, got {self.sliding_window!r}")
+        if any(type(i) is not int or not 0 <= i < self.num_layers for i in self.nope_layers):
+            raise UnsupportedModel(f"layers without rotary {list(self.nope_layers)} must be layer indices")
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.head_dim if self.rope_dim is None else self.rope_dim
+
+    @property
+    def scale(self) -> float:
+        """Attention's scale of q . k."""
+        return self.head_dim ** -0.5 if self.attention_scale is None else float(self.attention_scale)
+
+    def layer_type(self, i: int) -> str:
+        return self.layer_types[i] if self.layer_types else "full"
 
     @property
     def family(self) -> str:
@@ -91,17 +142,15 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     def parameter_count(self) -> int:
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
-        attn += (self.q_size + 2 * self.kv_size) * self.qkv_bias + h * self.o_bias
-        attn += 2 * self.head_dim * self.qk_norm
-        layer = attn + 3 * h * i + 2 * h
-        head = 0 if self.tie_word_embeddings else v * h
-        return v * h + self.num_layers * layer + h + head
+        """Every tensor's elements, as the architecture's Program reads them (a tied head counted once)."""
+        from linnet.program import build_program
+
+        return sum(math.prod(shape) for shape in build_program(self).expected_shapes().values())
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["eos_token_ids"] = list(self.eos_token_ids)
+        for name in ("eos_token_ids", "layer_types", "nope_layers"):
+            d[name] = list(d[name])
         return d
 
 
@@ -121,21 +170,11 @@ def spec_from_hf_config(config: Any, where: str = "config.json") -> ModelSpec:
 
     if not isinstance(config, dict):
         raise UnsupportedModel(f"{where}: expected a JSON object, got {type(config).__name__}")
-    reader = _ConfigReader(config, where)
+    reader = ConfigReader(config, where)
     names = reader.get("architectures", [], list)
     if len(names) != 1 or not isinstance(names[0], str):
         raise UnsupportedModel(f"{where} must name exactly one architecture, found {names!r}")
     arch = get_architecture(names[0])
-    if reader.get("hidden_act", "silu") != "silu":
-        raise UnsupportedModel(f"hidden_act={config['hidden_act']!r} is not supported (only 'silu')")
-    if reader.get("mlp_bias", False):
-        raise UnsupportedModel("mlp_bias=true is not supported")
-    if reader.get("use_sliding_window", False):
-        raise UnsupportedModel("use_sliding_window=true (sliding-window attention) is not supported")
-    layer_types = reader.get("layer_types", [], list)
-    if layer_types and layer_types != ["full_attention"] * len(layer_types):
-        raise UnsupportedModel(f"layer_types {sorted(set(map(str, layer_types)))} are not supported "
-                               "(only full_attention)")
     hidden = reader.count("hidden_size")
     heads = reader.count("num_attention_heads")
     head_dim = reader.count("head_dim", hidden // heads)
@@ -144,7 +183,7 @@ def spec_from_hf_config(config: Any, where: str = "config.json") -> ModelSpec:
     dtype = reader.get("dtype", None, str) or reader.get("torch_dtype", "float32", str)
     if dtype not in BY_HF:
         raise UnsupportedModel(f"checkpoint dtype {dtype!r} is not supported")
-    return ModelSpec(
+    fields = dict(
         architecture=arch.name,
         vocab_size=reader.count("vocab_size"),
         hidden_size=hidden,
@@ -153,18 +192,18 @@ def spec_from_hf_config(config: Any, where: str = "config.json") -> ModelSpec:
         num_heads=heads,
         num_kv_heads=reader.count("num_key_value_heads", heads),
         head_dim=head_dim,
-        rms_norm_eps=reader.number("rms_norm_eps"),
+        rms_norm_eps=reader.number(arch.eps_key),
         rope=_rope_from_config(reader),
         max_positions=reader.count("max_position_embeddings"),
         tie_word_embeddings=bool(reader.get("tie_word_embeddings", arch.tied_by_default)),
         dtype=BY_HF[dtype].name,
         bos_token_id=reader.get("bos_token_id", None, int),
         eos_token_ids=eos_ids,
-        **arch.attention_flags(reader),
     )
+    return ModelSpec(**{**fields, **arch.read_config(reader)})
 
 
-class _ConfigReader:
+class ConfigReader:
     """Reads config keys, each checked for its type; ``require`` names a missing key instead of guessing."""
 
     def __init__(self, config: dict[str, Any], where: str):
@@ -208,7 +247,7 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(names[k] for k in (kind if isinstance(kind, tuple) else (kind,)))
 
 
-def _rope_from_config(reader: _ConfigReader) -> RopeSpec:
+def _rope_from_config(reader: ConfigReader) -> RopeSpec:
     # transformers 5 writes rope_parameters (theta inside); transformers 4 writes rope_theta + rope_scaling.
     params = {**reader.get("rope_scaling", {}, dict), **reader.get("rope_parameters", {}, dict)}
     theta = params.get("rope_theta", reader.config.get("rope_theta"))
@@ -218,6 +257,8 @@ def _rope_from_config(reader: _ConfigReader) -> RopeSpec:
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return RopeSpec(theta=theta)
+    if kind == "linear":
+        return RopeSpec(theta=theta, kind="linear", factor=reader.number("rope_scaling.factor", params.get("factor")))
     if kind == "llama3":
         missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
                    if params.get(k) is None]
@@ -235,4 +276,4 @@ def _rope_from_config(reader: _ConfigReader) -> RopeSpec:
             high_freq_factor=reader.number("rope_scaling.high_freq_factor", params["high_freq_factor"]),
             original_max_positions=original,
         )
-    raise UnsupportedModel(f"rope type {kind!r} is not supported (supported: default, llama3)")
+    raise UnsupportedModel(f"rope type {kind!r} is not supported (supported: default, linear, llama3)")

@@ -85,10 +85,42 @@ def _shard_name(name: object) -> bool:
 
 
 def load_safetensors(model_dir: str | Path, spec: ModelSpec) -> Weights:
-    """Map every tensor the spec needs from an HF directory; extra tensors are ignored."""
+    """Map every tensor the spec needs from an HF directory; extra tensors are ignored. Tensors the
+    architecture packs together are cut into their canonical parts (views), and its load-time
+    transforms applied."""
+    from linnet.arch import get_architecture
+
     start = time.perf_counter()
     files = safetensors_files(Path(model_dir))
-    wanted = {hf_name(c): c for c in expected_shapes(spec)}
-    arrays = {wanted[name]: a for path in files for name, a in map_safetensors(path, wanted).items()}
+    arch = get_architecture(spec.architecture)
+    needed = expected_shapes(spec)
+    wanted = {name: c for c in needed if (name := hf_name(spec, c)) is not None}
+    packed = {}  # HF name of a packed tensor -> (its Packed, the layer prefix of its parts)
+    for template, pack in arch.hf_packed.items():
+        for prefix in _prefixes(spec, template):
+            if all(prefix + p in needed for p in pack.parts):
+                packed[template.format(i=prefix.split(".")[1] if prefix else "")] = (pack, prefix)
+    mapped = {name: a for path in files for name, a in map_safetensors(path, {*wanted, *packed}).items()}
+    arrays = {wanted[name]: a for name, a in mapped.items() if name in wanted}
     with naming(files[0] if len(files) == 1 else model_dir):
+        for name, (pack, prefix) in packed.items():
+            if name in mapped:
+                parts = _unpacked(spec, pack, mapped[name], name)
+                arrays.update({prefix + p: a for p, a in zip(pack.parts, parts)})
+        for canonical in list(arrays):
+            transform = arch.hf_transforms.get(canonical.rsplit(".", 1)[-1])
+            if transform is not None:
+                arrays[canonical] = transform.load(arrays[canonical])
         return Weights(spec, arrays, time.perf_counter() - start, source_identity(files))
+
+
+def _prefixes(spec: ModelSpec, template: str) -> list[str]:
+    return [f"layers.{i}." for i in range(spec.num_layers)] if "{i}" in template else [""]
+
+
+def _unpacked(spec: ModelSpec, pack: Any, array: np.ndarray, name: str) -> tuple[np.ndarray, ...]:
+    try:
+        return pack.unpack(spec, array)
+    except ValueError:
+        raise WeightError(f"weight {name!r} of shape {list(array.shape)} does not hold "
+                          f"{', '.join(pack.parts)} in the model's shapes") from None

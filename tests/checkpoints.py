@@ -24,6 +24,7 @@ BASE = dict(
     rms_norm_eps=1e-6,
     bos_token_id=1,
     eos_token_id=2,
+    pad_token_id=0,  # some families' defaults lie outside the tiny vocabulary
 )
 
 CASES = [
@@ -45,6 +46,41 @@ CASES = [
     Case("qwen3-mqa-tied", "Qwen3ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16,
                                                      tie_word_embeddings=True)),
 ]
+
+# The families beyond Llama, each in its awkward shapes: windows shorter than the prompts, softcaps that
+# bite, rotary on part of the head, parallel residuals, multipliers far from 1.
+FAMILY_CASES = [
+    # every layer slides over 5 tokens; GQA 2
+    Case("mistral-window5", "MistralForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                                        sliding_window=5, tie_word_embeddings=False)),
+    # multipliers: embedding x4, residual x0.5, attention scale 0.3 (not 1/sqrt(16)), logits / 3; biases
+    Case("granite-multipliers", "GraniteForCausalLM", dict(
+        num_attention_heads=4, num_key_value_heads=2, embedding_multiplier=4.0, residual_multiplier=0.5,
+        attention_multiplier=0.3, logits_scaling=3.0, attention_bias=True, mlp_bias=True, tie_word_embeddings=True)),
+    # norms after each sublayer, q/k norms over the whole projection; GQA 3
+    Case("olmo2-gqa3", "Olmo2ForCausalLM", dict(num_attention_heads=6, num_key_value_heads=2,
+                                                 tie_word_embeddings=False)),
+    # the second layer without rotary; tied
+    Case("smollm3-nope", "SmolLM3ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                     no_rope_layers=[1, 0], tie_word_embeddings=True)),
+    # sliding (6 tokens) then global; softcaps of 2 on scores and 3 on logits; 1 + w norms; GELU-tanh;
+    # a query scale from query_pre_attn_scalar 24 (not head_dim 16)
+    Case("gemma2-softcap-window6", "Gemma2ForCausalLM", dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=24,
+        attn_logit_softcapping=2.0, final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh")),
+    # q/k/v and gate/up packed; rotary on half of each head (8 of 16)
+    Case("phi3-partial", "Phi3ForCausalLM", dict(num_attention_heads=3, num_key_value_heads=1,
+                                                  partial_rotary_factor=0.5, tie_word_embeddings=False)),
+    # LayerNorms, rotary on a quarter of the head, q/k/v biases, the parallel residual
+    Case("stablelm-parallel", "StableLmForCausalLM", dict(
+        num_attention_heads=3, num_key_value_heads=3, partial_rotary_factor=0.25, use_qkv_bias=True,
+        use_parallel_residual=True, layer_norm_eps=1e-5)),
+    # LayerNorms, q/k/v packed per head, rotary on a quarter, GELU, parallel residual, biases everywhere
+    Case("gptneox-parallel", "GPTNeoXForCausalLM", dict(num_attention_heads=3, rotary_pct=0.25,
+                                                         use_parallel_residual=True, hidden_act="gelu")),
+]
+CASES = CASES + FAMILY_CASES
 
 CASES_BY_ID = {case.id: case for case in CASES}
 CASE_IDS = [case.id for case in CASES]

@@ -1,28 +1,75 @@
 """Architectures, registered by their Hugging Face ``architectures`` name (as llama.cpp and vLLM do).
 
-Each architecture is data: which biases and norms its attention has, and its GGUF name. Adding one is
-a small file here plus a line in ``_REGISTRY``.
+An architecture is one small file here: its config reader (the spec fields beyond the common ones,
+refusing by name what it does not support), the code that builds its Program's layers with
+``linnet.program.builder`` (shared pieces in ``linnet.arch.blocks``), and its weight names (HF and GGUF
+names of each canonical tensor, tensors a checkpoint packs together, and load-time transforms).
+Adding one is that file plus its line in ``_MODULES``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from linnet.errors import UnsupportedModel
+
+if TYPE_CHECKING:
+    from linnet.program.builder import SectionBuilder
+    from linnet.spec import ConfigReader, ModelSpec
+
+_MODULES = ("llama", "qwen2", "qwen3", "mistral", "granite", "olmo2", "smollm3", "gemma2", "phi3", "stablelm",
+            "gptneox")
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A checkpoint tensor that holds several canonical ones (Phi-3's ``qkv_proj``): ``unpack`` cuts it
+    into ``parts`` (views where it can), ``pack`` joins them back."""
+
+    parts: tuple[str, ...]
+    unpack: Callable[[ModelSpec, np.ndarray], tuple[np.ndarray, ...]]
+    pack: Callable[[ModelSpec, tuple[np.ndarray, ...]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Transform:
+    """A load-time change of a canonical tensor's values (Gemma's norms store w for 1 + w)."""
+
+    load: Callable[[np.ndarray], np.ndarray]
+    save: Callable[[np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
 class Architecture:
     name: str  # HF architectures name
-    family: str  # short name; also the GGUF ``general.architecture``
-    tied_by_default: bool  # transformers' default for tie_word_embeddings
-    attention_flags: Callable[[Any], dict[str, bool]]  # config reader -> qkv_bias/o_bias/qk_norm
+    family: str  # llama.cpp's name; also the GGUF ``general.architecture``
+    model_type: str  # HF config ``model_type``
+    read_config: Callable[[ConfigReader], dict[str, Any]]  # spec fields beyond the common ones
+    layer: Callable[[SectionBuilder, str], str]  # builds one layer of a kind; returns its x out
+    names: dict[str, tuple[str | None, str | None]]  # canonical part -> (HF, GGUF) names; "{i}" the layer
+    embed: Callable[[SectionBuilder], str] = field(default=lambda b: _blocks().embed(b))
+    head: Callable[[SectionBuilder], str] = field(default=lambda b: _blocks().head(b))
+    layer_kinds: Callable[[ModelSpec], tuple[str, ...]] = field(default=lambda s: _blocks().layer_kinds(s))
+    tied_by_default: bool = False  # transformers' default for tie_word_embeddings
+    eps_key: str = "rms_norm_eps"
+    hf_packed: dict[str, Packed] = field(default_factory=dict)  # HF name -> what it packs
+    hf_transforms: dict[str, Transform] = field(default_factory=dict)  # canonical part -> transform
+    hf_config: Callable[[ModelSpec], dict[str, Any]] | None = None  # config.json's family keys, for export
+
+
+def _blocks() -> Any:
+    from linnet.arch import blocks
+
+    return blocks
 
 
 def _registry() -> dict[str, Architecture]:
-    from linnet.arch import llama, qwen2, qwen3
-
-    return {a.name: a for a in (llama.ARCHITECTURE, qwen2.ARCHITECTURE, qwen3.ARCHITECTURE)}
+    archs = [importlib.import_module(f"linnet.arch.{m}").ARCHITECTURE for m in _MODULES]
+    return {a.name: a for a in archs}
 
 
 def get_architecture(name: str) -> Architecture:

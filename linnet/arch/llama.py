@@ -1,10 +1,13 @@
-"""Llama: ``attention_bias`` puts a bias on q, k, v and o alike; no q/k norm."""
+"""Llama: pre-norm layers of grouped-query attention and a SwiGLU MLP; ``attention_bias`` puts a bias on
+q, k, v and o alike."""
 from linnet.arch import Architecture
+from linnet.arch.blocks import LLAMA_NAMES, pre_norm_layer, refuse
 
 
-def _flags(config) -> dict[str, bool]:
-    bias = bool(config.get("attention_bias", False))
-    return {"qkv_bias": bias, "o_bias": bias, "qk_norm": False}
+def read_config(c) -> dict:
+    refuse(c, "hidden_act", "silu", "Llama's MLP is SwiGLU")
+    bias = bool(c.get("attention_bias", False, bool))
+    return {"qkv_bias": bias, "o_bias": bias, "mlp_bias": bool(c.get("mlp_bias", False, bool))}
 
 
-ARCHITECTURE = Architecture("LlamaForCausalLM", "llama", tied_by_default=False, attention_flags=_flags)
+ARCHITECTURE = Architecture("LlamaForCausalLM", "llama", "llama", read_config, pre_norm_layer, LLAMA_NAMES)

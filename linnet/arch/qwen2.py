@@ -1,9 +1,13 @@
-"""Qwen2: q, k and v always carry a bias, o never does; no q/k norm."""
+"""Qwen2: Llama's layer with a bias on q, k and v (never on o)."""
 from linnet.arch import Architecture
+from linnet.arch.blocks import LLAMA_NAMES, pre_norm_layer, refuse
 
 
-def _flags(config) -> dict[str, bool]:
-    return {"qkv_bias": True, "o_bias": False, "qk_norm": False}
+def read_config(c) -> dict:
+    refuse(c, "hidden_act", "silu", "Qwen2's MLP is SwiGLU")
+    refuse(c, "use_sliding_window", False, "Qwen2's sliding window is not supported")
+    refuse(c, "layer_types", ["full_attention"] * c.count("num_hidden_layers"), "only full_attention")
+    return {"qkv_bias": True, "o_bias": False}
 
 
-ARCHITECTURE = Architecture("Qwen2ForCausalLM", "qwen2", tied_by_default=False, attention_flags=_flags)
+ARCHITECTURE = Architecture("Qwen2ForCausalLM", "qwen2", "qwen2", read_config, pre_norm_layer, LLAMA_NAMES)

@@ -37,7 +37,7 @@ def export_gguf(model: LoadedModel, out_file: str | Path, type: str, force: bool
         raise UnsupportedModel(f"llama.cpp's {spec.family} graph has no Llama 3 rope scaling")
     check_output(out_file, force)
     qtype, file_type = TYPES[type]
-    tensors = {gguf_name(c): (c, _tensor_type(a, qtype)) for c, a in model.weights.items()}
+    tensors = {gguf_name(spec, c): (c, _tensor_type(a, qtype)) for c, a in model.weights.items()}
     vocab = gguf_vocab(tokenizer, spec.vocab_size)
     eos_ids = model.eos_ids
     if len(eos_ids) > 3:

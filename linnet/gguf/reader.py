@@ -44,7 +44,7 @@ def load_gguf(path: str | Path) -> LoadedModel:
 def _load(path: Path, start: float) -> LoadedModel:
     gguf = GGUFFile(path)
     spec = spec_from_gguf(gguf)
-    names = {gguf_name(c): c for c in expected_shapes(spec)}
+    names = {gguf_name(spec, c): c for c in expected_shapes(spec)}
     unknown = sorted(set(gguf.tensors) - set(names) - {ROPE_FREQS})
     if unknown:
         raise UnsupportedModel(f"{path.name} has tensors Linnet does not know: {', '.join(unknown[:5])}")
@@ -105,7 +105,11 @@ def _spec(gguf: GGUFFile) -> ModelSpec:
             raise WeightError(f"{gguf.path}: {ROPE_FREQS} is {info.type.name}{list(info.shape)}, "
                               f"expected F32[{head_dim // 2}]")
         rope = llama3_from_factors(theta, head_dim, dequantize(gguf.raw(ROPE_FREQS), info.type))
-    flags = arch.attention_flags({"attention_bias": "blk.0.attn_q.bias" in gguf.tensors})
+    if family not in ("llama", "qwen2", "qwen3"):
+        raise UnsupportedModel(f"GGUF files of llama.cpp's {family!r} graph are not read yet")
+    bias = "blk.0.attn_q.bias" in gguf.tensors
+    flags = {"qwen2": dict(qkv_bias=True), "qwen3": dict(qkv_bias=bias, o_bias=bias, qk_norm=True)}.get(
+        family, dict(qkv_bias=bias, o_bias=bias))
     eos = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     return ModelSpec(
         architecture=arch.name,

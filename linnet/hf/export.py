@@ -57,9 +57,10 @@ def export_hf(model: LoadedModel, out_dir: str | Path, dtype: str, shard_bytes: 
 def hf_config(spec: ModelSpec, dtype: str, eos_ids: list[int]) -> dict[str, Any]:
     """config.json in both spellings: transformers 4 reads rope_theta and rope_scaling, 5 rope_parameters."""
     arch = get_architecture(spec.architecture)
-    flags = {"qkv_bias": spec.qkv_bias, "o_bias": spec.o_bias, "qk_norm": spec.qk_norm}
-    if arch.attention_flags({"attention_bias": spec.qkv_bias}) != flags:
-        raise UnsupportedModel(f"{spec.architecture} in config.json cannot express the attention biases/norms {flags}")
+    if arch.family not in ("llama", "qwen2", "qwen3") or arch.name == "MistralForCausalLM":
+        raise UnsupportedModel(f"exporting {spec.architecture} to a Hugging Face checkpoint is not supported yet")
+    if spec.qkv_bias != spec.o_bias and arch.family != "qwen2" or spec.qk_norm != (arch.family == "qwen3"):
+        raise UnsupportedModel(f"{spec.architecture} in config.json cannot express these attention biases/norms")
     rope = spec.rope
     scaling = None
     if rope.kind == "llama3":
@@ -105,7 +106,7 @@ def _write_safetensors(out: Path, model: LoadedModel, dtype: np.dtype, shard_byt
         if shards[-1] and size + array.nbytes > shard_bytes:
             shards.append({})
             size = 0
-        shards[-1][hf_name(canonical)] = array
+        shards[-1][hf_name(model.spec, canonical)] = array
         size += array.nbytes
         total += array.nbytes
     if len(shards) == 1:

@@ -30,7 +30,7 @@ def run_step(
     for i, (cache_k, cache_v) in enumerate(zip(*caches)):
         params = {"x": x, "cache_k": cache_k, "cache_v": cache_v}
         prefix = f"layers.{i}."
-        x, k, v = _run(program.layer, params, inputs, lambda n, i=i: weights[f"layers.{i}.{n}"], act,
+        x, k, v = _run(program.layer_section(i), params, inputs, lambda n, i=i: weights[f"layers.{i}.{n}"], act,
                        {"w." + n[len(prefix):]: m for n, m in rounded.items() if n.startswith(prefix)})
         new_k.append(k)
         new_v.append(v)
@@ -118,8 +118,14 @@ def attention(op: Op, act: type, q, cache_k, cache_v, rows, positions) -> np.nda
     group = heads // cache_k.shape[1]
     keys = np.repeat(cache_k[rows], group, axis=1).astype(np.float32)  # [R, HEADS, P, D]
     values = np.repeat(cache_v[rows], group, axis=1).astype(np.float32)
-    scores = np.einsum("rthd,rhpd->rthp", q.astype(np.float32), keys) / np.sqrt(np.float32(d))
-    visible = np.arange(keys.shape[2])[None, None, None, :] <= positions[:, :, None, None]
+    scores = np.einsum("rthd,rhpd->rthp", q.astype(np.float32), keys) * np.float32(op.attrs["scale"])
+    if "softcap" in op.attrs:
+        cap = np.float32(op.attrs["softcap"])
+        scores = np.tanh(scores / cap) * cap
+    key_positions = np.arange(keys.shape[2])[None, None, None, :]
+    visible = key_positions <= positions[:, :, None, None]
+    if "window" in op.attrs:
+        visible &= key_positions > positions[:, :, None, None] - op.attrs["window"]
     scores = np.where(visible, scores, -np.inf)
     weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
     weights /= weights.sum(axis=-1, keepdims=True)
@@ -137,6 +143,29 @@ def split(op: Op, act: type, x: np.ndarray) -> tuple[np.ndarray, ...]:
     return tuple(np.split(x, np.cumsum(op.attrs["sizes"])[:-1], axis=-1))
 
 
+def activation(op: Op, act: type, x: np.ndarray) -> np.ndarray:
+    fn = op.attrs["fn"]
+    if fn == "silu":
+        return x / (1 + np.exp(-x))
+    if fn == "gelu":
+        return (0.5 * x * (1 + _erf(x / np.sqrt(2.0)))).astype(x.dtype)
+    inner = np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)
+    return (0.5 * x * (1 + np.tanh(inner))).astype(x.dtype)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    from math import erf
+
+    return np.vectorize(erf, otypes=[np.float64])(x.astype(np.float64))
+
+
+def layer_norm(op: Op, act: type, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    x32 = x.astype(np.float32)
+    centred = x32 - x32.mean(axis=-1, keepdims=True)
+    scale = 1.0 / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + np.float32(op.attrs["eps"]))
+    return (centred * scale * w.astype(np.float32) + b.astype(np.float32)).astype(DTYPES[op.attrs["dtype"]])
+
+
 OPS: dict[str, Callable] = {
     "embedding": lambda op, act, tokens, table: table[tokens],
     "rms_norm": rms_norm,
@@ -148,6 +177,17 @@ OPS: dict[str, Callable] = {
     "attention": attention,
     "swiglu": lambda op, act, gate, up: gate / (1 + np.exp(-gate)) * up,
     "add": lambda op, act, a, b: a + b,
+    "sub": lambda op, act, a, b: a - b,
+    "mul": lambda op, act, a, b: a * b,
+    "scale": lambda op, act, x: x * x.dtype.type(op.attrs["factor"]),
+    "shift": lambda op, act, x: x + x.dtype.type(op.attrs["amount"]),
+    "tanh": lambda op, act, x: np.tanh(x),
+    "rsqrt": lambda op, act, x: 1 / np.sqrt(x),
+    "mean": lambda op, act, x: x.mean(axis=-1, keepdims=True),
+    "concat": lambda op, act, *xs: np.concatenate(xs, axis=-1),
+    "activation": activation,
+    "softcap": lambda op, act, x: np.tanh(x / x.dtype.type(op.attrs["cap"])) * x.dtype.type(op.attrs["cap"]),
+    "layer_norm": layer_norm,
     "select": lambda op, act, x, select: np.take_along_axis(x, select[:, :, None], axis=1),
     "cast": lambda op, act, x: x.astype(DTYPES[op.attrs["dtype"]]),
     "norm_linear": lambda op, act, x, n, w, *b: linear(op, act, rms_norm(op, act, x, n), w, *b),
