@@ -65,7 +65,7 @@ def reference(checkpoint_dir, case: str, dtype: str):
     key = (case, dtype)
     if key not in _references:
         _references[key] = transformers.AutoModelForCausalLM.from_pretrained(
-            checkpoint_dir(case), dtype=getattr(torch, DTYPES[dtype].hf)
+            checkpoint_dir(case), dtype=getattr(torch, DTYPES[dtype].hf), attn_implementation="eager",
         ).eval()
     return _references[key]
 
