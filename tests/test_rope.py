@@ -1,4 +1,4 @@
-"""The rotary tables match transformers' rotary embeddings, plain and with Llama 3 scaling."""
+"""The rotary tables match transformers' rotary embeddings: plain, partial, and with Llama 3 scaling."""
 from __future__ import annotations
 
 import importlib
@@ -18,7 +18,7 @@ def transformers_rotary(case_id: str):
     case = CASES_BY_ID[case_id]
     name = case.architecture.removesuffix("ForCausalLM")
     config = getattr(transformers, f"{name}Config")(**hf_config(case))
-    module = importlib.import_module(f"transformers.models.{name.lower()}.modeling_{name.lower()}")
+    module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
     return config, getattr(module, f"{name}RotaryEmbedding")(config)
 
 
@@ -28,7 +28,7 @@ def test_tables_match_transformers(case_id):
     spec = spec_from_hf_config(config.to_dict())
     positions = spec.max_positions
     cos, sin = rope_tables(spec, positions)
-    assert cos.dtype == sin.dtype == np.float32 and cos.shape == sin.shape == (positions, spec.head_dim)
+    assert cos.dtype == sin.dtype == np.float32 and cos.shape == sin.shape == (positions, spec.rotary_dim)
     with torch.no_grad():
         their_cos, their_sin = rotary(torch.zeros(1), torch.arange(positions)[None])
     np.testing.assert_allclose(cos, their_cos[0].numpy(), atol=1e-6, rtol=0)

@@ -65,7 +65,7 @@ def test_llama3_rope_scaling_both_spellings():
         ({"architectures": ["GemmaForCausalLM"]}, "architecture 'GemmaForCausalLM' is not supported"),
         ({"architectures": []}, "exactly one architecture"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn' is not supported"),
-        ({"use_sliding_window": True}, "sliding-window"),
+        ({"use_sliding_window": True}, "use_sliding_window=True is not supported"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
         ({"num_key_value_heads": 3}, "not a multiple"),
         ({"torch_dtype": "float64"}, "dtype 'float64'"),

@@ -55,15 +55,19 @@ def test_the_cache_is_an_input_and_an_output_of_the_layer():
     assert {w.outs[0] for w in writes} <= set(attention.inputs)  # attention reads the written cache
 
 
+def with_layer_ops(program, ops):
+    return replace(program, kinds={"full": replace(program.layer, ops=ops)})
+
+
 def test_broken_programs_are_refused_by_name():
     program = build_program(QWEN2)
-    twice = replace(program, layer=replace(program.layer, ops=program.layer.ops + (Op("add", ("h",), ("x", "x")),)))
+    twice = with_layer_ops(program, program.layer.ops + (Op("add", ("h",), ("x", "x")),))
     with pytest.raises(LinnetError, match="'h' is assigned twice"):
         infer_types(twice)
-    unknown = replace(program, layer=replace(program.layer, ops=(Op("add", ("y",), ("x", "nope")),)))
+    unknown = with_layer_ops(program, (Op("add", ("y",), ("x", "nope")),))
     with pytest.raises(LinnetError, match="reads 'nope' before it is assigned"):
         infer_types(unknown)
-    misshapen = replace(program, layer=replace(program.layer, ops=(Op("linear", ("y",), ("x", "w.down")),)))
+    misshapen = with_layer_ops(program, (Op("linear", ("y",), ("x", "w.down")),))
     with pytest.raises(LinnetError, match="in-size must match"):
         infer_types(misshapen)
 
