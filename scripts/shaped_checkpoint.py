@@ -24,6 +24,52 @@ SHAPES = {
         max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
         hidden_act="silu", use_sliding_window=False, sliding_window=32768, max_window_layers=21,
         bos_token_id=151643, eos_token_id=151645),
+    "gemma-2-2b-it": dict(
+        architectures=["Gemma2ForCausalLM"], model_type="gemma2", hidden_size=2304, intermediate_size=9216,
+        num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4, head_dim=256, vocab_size=256000,
+        max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0, query_pre_attn_scalar=256,
+        attn_logit_softcapping=50.0, final_logit_softcapping=30.0, sliding_window=4096,
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, bos_token_id=2, eos_token_id=[1, 107],
+        pad_token_id=0),
+    # Phi-3.5-mini's shapes; its LongRoPE scaling is left out (Linnet refuses it by name so far), which
+    # changes no shape
+    "phi-3.5-mini-instruct": dict(
+        architectures=["Phi3ForCausalLM"], model_type="phi3", hidden_size=3072, intermediate_size=8192,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, vocab_size=32064,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=262144,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=32000, pad_token_id=32000),
+    "mistral-7b-instruct-v0.3": dict(
+        architectures=["MistralForCausalLM"], model_type="mistral", hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,
+        max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=None,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
+    "olmo-2-0425-1b": dict(
+        architectures=["Olmo2ForCausalLM"], model_type="olmo2", hidden_size=2048, intermediate_size=8192,
+        num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16, vocab_size=100352,
+        max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=500000.0, tie_word_embeddings=False,
+        bos_token_id=100257, eos_token_id=100257, pad_token_id=100277),
+    "smollm3-3b": dict(
+        architectures=["SmolLM3ForCausalLM"], model_type="smollm3", hidden_size=2048, intermediate_size=11008,
+        num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=4, vocab_size=128256,
+        max_position_embeddings=65536, rms_norm_eps=1e-6, rope_theta=5000000.0, no_rope_layers=[1, 1, 1, 0] * 9,
+        tie_word_embeddings=True, bos_token_id=None, eos_token_id=128012, pad_token_id=128004),
+    "granite-3.3-2b-instruct": dict(
+        architectures=["GraniteForCausalLM"], model_type="granite", hidden_size=2048, intermediate_size=8192,
+        num_hidden_layers=40, num_attention_heads=32, num_key_value_heads=8, vocab_size=49159,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=10000000.0, embedding_multiplier=12.0,
+        residual_multiplier=0.22, attention_multiplier=0.015625, logits_scaling=8.0, tie_word_embeddings=True,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0),
+    "pythia-1b": dict(
+        architectures=["GPTNeoXForCausalLM"], model_type="gpt_neox", hidden_size=2048, intermediate_size=8192,
+        num_hidden_layers=16, num_attention_heads=8, vocab_size=50304, max_position_embeddings=2048,
+        layer_norm_eps=1e-5, rotary_pct=0.25, rotary_emb_base=10000, use_parallel_residual=True,
+        hidden_act="gelu", tie_word_embeddings=False, bos_token_id=0, eos_token_id=0),
+    "stablelm-2-1.6b": dict(
+        architectures=["StableLmForCausalLM"], model_type="stablelm", hidden_size=2048, intermediate_size=5632,
+        num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=32, vocab_size=100352,
+        max_position_embeddings=4096, layer_norm_eps=1e-5, rope_theta=10000.0, partial_rotary_factor=0.25,
+        use_qkv_bias=True, use_parallel_residual=False, tie_word_embeddings=False, bos_token_id=100257,
+        eos_token_id=100257),
 }
 DTYPES = ("f32", "bf16", "f16")
 

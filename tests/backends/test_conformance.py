@@ -23,7 +23,7 @@ from linnet.model import open_model
 
 transformers = pytest.importorskip("transformers")
 
-from checkpoints import CASE_IDS  # noqa: E402  (every shape that breaks naive code)
+from checkpoints import CASE_IDS, FAMILY_CASES  # noqa: E402  (every shape that breaks naive code)
 RELATIVE_TOLERANCE = {"bf16": 0.05, "f16": 0.01}
 VOCAB = 331
 
@@ -34,19 +34,38 @@ UNCOMPILED = {"torch:eager", "reference:numpy", "onnx:cpu"}  # quick to set up i
 # other three; in 16 bits inductor runs those two alone (all five took 15 minutes of the slow suite),
 # the other three cases' 16 bits being checked on the uncompiled backends and on XLA.
 INDUCTOR_CASES = {"qwen3-gqa3", "llama-mqa-tied-rope3"}
+# The families beyond Llama run on every uncompiled backend in the default run; on the compiled ones two
+# of them hold every new piece between them (layer kinds, windows, softcaps, 1 + w norms, GELU-tanh,
+# LayerNorms, partial rotary, parallel residual, biased MLPs), the others run in the slow suite.
+FAMILY_IDS = {case.id for case in FAMILY_CASES}
+COMPILED_FAMILY_CASES = {"gemma2-softcap-window6", "gptneox-parallel"}
 MATRIX = [(b.id, d) for b in backends() for d in b.dtypes]
 
 
 def spare_inductor_case(backend: str, case: str) -> bool:
-    return backend == "torch:inductor" and case not in INDUCTOR_CASES
+    return backend == "torch:inductor" and case not in INDUCTOR_CASES | COMPILED_FAMILY_CASES
+
+
+def spare_compiled_family(backend: str, case: str) -> bool:
+    return backend not in UNCOMPILED and case in FAMILY_IDS - COMPILED_FAMILY_CASES
 
 
 def slow(backend: str, dtype: str, case: str) -> bool:
-    return backend not in UNCOMPILED and (dtype != "f32" or spare_inductor_case(backend, case))
+    return backend not in UNCOMPILED and (dtype != "f32" or spare_inductor_case(backend, case)
+                                          or spare_compiled_family(backend, case))
+
+
+def sixteen_bit_case(backend: str, case: str) -> bool:
+    """16 bits: every case on the uncompiled backends; on the compiled ones the Llama family's (inductor:
+    INDUCTOR_CASES alone), the new families' 16 bits being checked on the uncompiled backends."""
+    if backend in UNCOMPILED:
+        return True
+    return case in INDUCTOR_CASES if backend == "torch:inductor" else case not in FAMILY_IDS
 
 
 PARAMS = [pytest.param(b, d, c, id=f"{b}-{d}-{c}", marks=[pytest.mark.slow] if slow(b, d, c) else [])
-          for b, d in MATRIX for c in CASE_IDS if d == "f32" or not spare_inductor_case(b, c)]
+          for b, d in MATRIX for c in CASE_IDS
+          if d == "f32" or sixteen_bit_case(b, c)]
 
 
 def tolerance(dtype: str, reference: np.ndarray) -> float:

@@ -16,13 +16,16 @@ QWEN3 = registry.MODELS_DIR / "qwen3-4b.toml"
 
 def test_bundled_entries_load():
     entries = {e.id: e for e in registry.entries()}
-    assert set(entries) == {"qwen3-4b", "qwen2.5-0.5b-instruct", "smollm2-135m-instruct"}
+    assert set(entries) == {"qwen3-4b", "qwen2.5-0.5b-instruct", "smollm2-135m-instruct", "gemma-2-2b-it",
+                            "phi-3.5-mini-instruct", "mistral-7b-instruct-v0.3", "olmo-2-0425-1b", "smollm3-3b",
+                            "granite-3.3-2b-instruct", "pythia-1b", "stablelm-2-1.6b"}
     assert entries["qwen3-4b"].hf.repo == "Qwen/Qwen3-4B"
     assert entries["qwen2.5-0.5b-instruct"].architecture == "qwen2"
     smol = entries["smollm2-135m-instruct"]
     assert (smol.architecture, smol.licence, smol.hf.repo) == (
         "llama", "Apache-2.0", "HuggingFaceTB/SmolLM2-135M-Instruct")
     assert smol.gguf is not None and smol.gguf.file == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert entries["gemma-2-2b-it"].parameters == 2_614_341_888  # as published; counted from the Program
     for e in entries.values():  # the seed pages' protocol
         assert (e.bench.prompt_tokens, e.bench.new_tokens, e.bench.runs, e.bench.warmups) == (512, 128, 10, 3)
 

@@ -28,6 +28,9 @@ Matrices the Program holds in llama.cpp's blocks (``ort`` only) are com.microsof
 and GatherBlockQuantized rows on their codes (``blocks``), with ``Program.int8_activations`` as
 MatMulNBits' accuracy level 4.
 
+Each layer is emitted inline with its kind's section (``Program.layer_section``). Composites without a
+form here (``NATIVE_OPS``) arrive as their decompositions (``linnet.program.lower``).
+
 Arithmetic follows the Program: norms and attention in float32 (the mask is a ``Where`` over float32
 scores, so nothing overflows in f16), products in the run dtype. ``compute`` may be wider than the
 run dtype: where a provider lacks 16-bit kernels (bfloat16 on the CPU provider), values are held in
@@ -45,13 +48,23 @@ import onnx
 from onnx import TensorProto, helper
 
 from linnet.backends.onnx.blocks import PARTS, bits, block_size
-from linnet.program import Op, Program
+from linnet.dtypes import DTYPES
+from linnet.errors import LinnetError
+from linnet.program import Op, Program, Section, Value, infer_types, layer_section_name, lower
 from linnet.quantize import block_names
 
 OPSET = 18
 ONNX_TYPES = {"f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16,
               "i64": TensorProto.INT64, "i32": TensorProto.INT32}
 FLAT_AWARE = {"rotary", "cache_write", "attention"}  # ops that take per-head values flat (``_Emitter.flat``)
+# The ops emitted here: every primitive and kernel, and the composites with a form of their own (SwiGLU as
+# one Mul of a Sigmoid, LayerNorm as LayerNormalization); softcap and norm_linear arrive decomposed.
+NATIVE_OPS = frozenset({
+    "embedding", "linear", "split", "concat", "split_heads", "cache_write", "select", "cast", "add", "sub", "mul",
+    "scale", "shift", "tanh", "rsqrt", "mean", "activation",
+    "rms_norm", "rotary", "attention", "rms_linear",
+    "swiglu", "layer_norm"})
+ATTENTION_ATTRS = {"scale", "softcap", "window"}
 
 
 @dataclass(frozen=True)
@@ -93,8 +106,10 @@ class _Emitter:
         self.blocks: dict[str, BlockWeight] = {}  # a weight's name -> its blocks, for a matrix in blocks
         # MatMulNBits' accuracy level 4 rounds x to int8 per block, as Program.int8_activations defines
         self.block_accuracy = 4 if program.int8_activations else 0
+        self.types: dict[str, Value] = {}  # the section being emitted: each Program value's shape and dtype
 
-    def emit_section(self, section, env: dict[str, str], weight) -> None:
+    def emit_section(self, section: Section, types: dict[str, Value], env: dict[str, str], weight) -> None:
+        self.types = types
         for op in section.ops:
             self.emit(op, env, weight)
 
@@ -144,6 +159,18 @@ class _Emitter:
     def to_f32(self, x: str) -> str:
         return x if self.compute == "f32" else self.cast(x, "f32", f"{x}_f32")
 
+    def held(self, dtype: str) -> str:
+        """The dtype the graph holds a Program value of ``dtype`` in."""
+        return self.compute if dtype == self.act else dtype
+
+    def out(self, op: Op, y: str) -> str:
+        """An op's result, rounded to the run dtype where the Program's value is in it."""
+        return self.rounded(y) if self.types[op.outs[0]].dtype == self.act else y
+
+    def constant(self, value: float, dtype: str) -> str:
+        """A scalar with a Program value's dtype: rounded to it, held as the graph holds that value."""
+        return self.scalar(float(np.array(value, np.float32).astype(DTYPES[dtype].numpy)), self.held(dtype))
+
     # -- the Program's ops -----------------------------------------------------------------------
     def emit(self, op: Op, env: dict[str, str], weight) -> None:
         args = [weight(i[2:]) if i.startswith("w.") else env[i] for i in op.inputs]
@@ -168,14 +195,30 @@ class _Emitter:
                                                    [norm, "", "", x], name=norm, domain="com.microsoft", epsilon=eps))
                 return norm
             return self.rounded(self.node("SimplifiedLayerNormalization", [x, w], "norm", axis=-1, epsilon=eps))
+        return self.rounded(self.node("Mul", [w, self._rms_normed(x, eps)], "norm"))
+
+    def _rms_normed(self, x: str, eps: float) -> str:
+        """x / rms(x) in float32, rounded to the run dtype: the RMS norm before its weight."""
         x32 = self.to_f32(x)
         mean = self.node("ReduceMean", [self.node("Mul", [x32, x32], "sq"), self.ints(-1)], "ms", keepdims=1)
         scale = self.node("Reciprocal", [self.node("Sqrt", [self.node("Add", [mean, self.scalar(eps, "f32")], "ms_eps")],
                                                    "rms")], "inv_rms")
         normed = self.rounded(self.node("Mul", [x32, scale], "normed"))
-        if self.compute != "f32":
-            normed = self.cast(normed, self.compute, "normed_act")
-        return self.rounded(self.node("Mul", [w, normed], "norm"))
+        return normed if self.compute == "f32" else self.cast(normed, self.compute, "normed_act")
+
+    def op_rms_linear(self, op: Op, x: str, w: str, *rest: str) -> str:
+        """The norm's weight folded into w, or apart (``norm``: the last input), then the product."""
+        norm, bias = (rest[-1], rest[:-1]) if op.attrs.get("norm") else (None, rest)
+        if norm is not None:
+            return self.op_linear(op, self.op_rms_norm(op, x, norm), w, *bias)
+        return self.op_linear(op, self._rms_normed(x, op.attrs["eps"]), w, *bias)
+
+    def op_layer_norm(self, op: Op, x: str, w: str, b: str) -> str:
+        """LayerNormalization over float32 values, rounded once to the Program's dtype."""
+        y = self.node("LayerNormalization", [self.to_f32(x), self.to_f32(w), self.to_f32(b)], "layer_norm", axis=-1,
+                      epsilon=op.attrs["eps"], stash_type=1)
+        dtype = op.attrs["dtype"]
+        return self.out(op, y if self.held(dtype) == "f32" else self.cast(y, self.held(dtype), "layer_norm_act"))
 
     def op_linear(self, op: Op, x: str, w: str, b: str | None = None) -> str:
         if w in self.blocks:
@@ -196,18 +239,18 @@ class _Emitter:
 
     def op_split_heads(self, op: Op, x: str) -> str:
         if self.contrib:  # reshaped only if an op needs the heads apart (``heads``)
-            return self.flat_heads(x, op.attrs["heads"])
+            return self.flat_heads(x, op.attrs["heads"], self.spec.head_dim)
         return self.node("Reshape", [x, self.ints(0, 0, op.attrs["heads"], self.spec.head_dim)], "heads")
 
     def op_rotary(self, op: Op, x: str, positions: str, cos: str, sin: str) -> str:
+        _, _, heads, width = self.types[op.inputs[0]].shape  # width: the head's, or its rotated part's
         if self.contrib:  # com.microsoft RotaryEmbedding: [R, T, heads, D] as [R, T, heads * D]
-            heads = self._heads(op)
             cos_half, sin_half = self._shared["cos_half"], self._shared["sin_half"]
             y = self.node("RotaryEmbedding", [self.flat(x), positions, cos_half, sin_half], "rot",
                           domain="com.microsoft", interleaved=0, num_heads=heads)
-            return self.flat_heads(self.rounded(y), heads)
+            return self.flat_heads(self.rounded(y), heads, width)
         c, s = self._rope_gathered()
-        half = self.spec.head_dim // 2
+        half = width // 2
         lo, hi = self.node("Split", [x, self.ints(half, half)], "half", outs=2, axis=-1)
         rotated = self.node("Concat", [self.node("Neg", [hi], "neg"), lo], "rot_half", axis=-1)
         a = self.rounded(self.node("Mul", [x, c], "xc"))
@@ -225,10 +268,13 @@ class _Emitter:
         return out
 
     def op_attention(self, op: Op, q: str, cache_k: str, cache_v: str, rows: str, positions: str) -> str:
+        unknown = sorted(set(op.attrs) - ATTENTION_ATTRS)
+        if unknown:
+            raise LinnetError(f"the ONNX emitter has no form of attention's {', '.join(unknown)} (op {op})")
         spec = self.spec
         heads, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
         if self.gqa:
-            return self._group_query_attention(q, cache_k, cache_v)
+            return self._group_query_attention(op, q, cache_k, cache_v)
         group = heads // kv
         # queries grouped per key/value head: [R, KV, G * T, D]
         q = self._flat[q][0] if q in self._flat else q  # [R, T, H * D] or [R, T, H, D]: either reshapes
@@ -238,8 +284,13 @@ class _Emitter:
         keys = self._cache_f32(self.node("Gather", [cache_k, rows], "keys", axis=0))  # [R, KV, P, D]
         values = self._cache_f32(self.node("Gather", [cache_v, rows], "values", axis=0))
         scores = self.node("MatMul", [grouped, self.node("Transpose", [keys], "keys_t", perm=[0, 1, 3, 2])], "scores")
-        scores = self.node("Div", [scores, self.scalar(math.sqrt(d), "f32")], "scaled")
-        masked = self.node("Where", [self._visible(group), scores, self.scalar(-math.inf, "f32")], "masked")
+        scores = self.node("Mul", [scores, self.scalar(op.attrs["scale"], "f32")], "scaled")
+        if "softcap" in op.attrs:  # cap * tanh(s / cap), before the mask
+            cap = self.scalar(op.attrs["softcap"], "f32")
+            bent = self.node("Tanh", [self.node("Div", [scores, cap], "capped_in")], "capped_tanh")
+            scores = self.node("Mul", [bent, cap], "capped")
+        masked = self.node("Where", [self._visible(group, op.attrs.get("window")), scores,
+                                     self.scalar(-math.inf, "f32")], "masked")
         weights = self.node("Softmax", [masked], "probs", axis=-1)
         out = self.node("MatMul", [weights, values], "attn_kv")  # [R, KV, G * T, D]
         out = self.node("Reshape", [out, self.ints(0, kv, group, -1, d)], "attn_g")
@@ -251,12 +302,56 @@ class _Emitter:
         silu = self.rounded(self.node("Mul", [gate, self.node("Sigmoid", [gate], "sig")], "silu"))
         return self.rounded(self.node("Mul", [silu, up], "swiglu"))
 
+    def op_activation(self, op: Op, x: str) -> str:
+        fn = op.attrs["fn"]
+        if fn == "silu":
+            return self.rounded(self.node("Mul", [x, self.node("Sigmoid", [x], "sig")], "silu"))
+        x32 = self.to_f32(x)  # GELUs in float32: opset 18 has no Gelu, and erf and tanh round least there
+        if fn == "gelu":  # x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))
+            inner = self.node("Erf", [self.node("Mul", [x32, self.scalar(math.sqrt(0.5), "f32")], "gelu_in")], "erf")
+        elif fn == "gelu_tanh":  # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+            cube = self.node("Mul", [self.node("Mul", [x32, x32], "sq"), x32], "cube")
+            poly = self.node("Add", [x32, self.node("Mul", [cube, self.scalar(0.044715, "f32")], "cube_k")], "poly")
+            inner = self.node("Tanh", [self.node("Mul", [poly, self.scalar(math.sqrt(2 / math.pi), "f32")], "tanh_in")],
+                              "tanh")
+        else:
+            raise LinnetError(f"the ONNX emitter has no activation {fn!r} (op {op})")
+        half = self.node("Mul", [x32, self.scalar(0.5, "f32")], "half_x")
+        y = self.node("Mul", [half, self.node("Add", [inner, self.scalar(1.0, "f32")], "one_plus")], "gelu")
+        return self.rounded(y if self.compute == "f32" else self.cast(y, self.compute, "gelu_act"))
+
     def op_add(self, op: Op, a: str, b: str) -> str:
-        if self.compute != self.act:
-            return self.rounded(self.node("Add", [a, b], "sum"))
         total = self.node("Add", [a, b], "sum")
+        if self.compute != self.act or self.types[op.outs[0]].dtype != self.act:
+            return self.out(op, total)
         self._residuals.add(total)  # a norm that reads it next may take the add in (op_rms_norm)
         return total
+
+    def op_sub(self, op: Op, a: str, b: str) -> str:
+        return self.out(op, self.node("Sub", [a, b], "diff"))
+
+    def op_mul(self, op: Op, a: str, b: str) -> str:
+        return self.out(op, self.node("Mul", [a, b], "prod"))
+
+    def op_scale(self, op: Op, x: str) -> str:
+        return self.out(op, self.node("Mul", [x, self.constant(op.attrs["factor"], self.types[op.inputs[0]].dtype)],
+                                      "scaled"))
+
+    def op_shift(self, op: Op, x: str) -> str:
+        return self.out(op, self.node("Add", [x, self.constant(op.attrs["amount"], self.types[op.inputs[0]].dtype)],
+                                      "shifted"))
+
+    def op_tanh(self, op: Op, x: str) -> str:
+        return self.out(op, self.node("Tanh", [x], "tanh"))
+
+    def op_rsqrt(self, op: Op, x: str) -> str:
+        return self.out(op, self.node("Reciprocal", [self.node("Sqrt", [x], "sqrt")], "rsqrt"))
+
+    def op_mean(self, op: Op, x: str) -> str:
+        return self.out(op, self.node("ReduceMean", [x, self.ints(-1)], "mean", keepdims=1))
+
+    def op_concat(self, op: Op, *parts: str) -> str:
+        return self.node("Concat", list(parts), "concat", axis=-1)
 
     def op_select(self, op: Op, x: str, select: str) -> str:
         index = self.node("Unsqueeze", [select, self.ints(-1)], "sel_index")
@@ -265,7 +360,9 @@ class _Emitter:
         return self.node("GatherElements", [x, self.node("Expand", [index, shape], "sel_expanded")], "x_sel", axis=1)
 
     def op_cast(self, op: Op, x: str) -> str:
-        return x if self.compute == op.attrs["dtype"] else self.cast(x, op.attrs["dtype"], "logits")
+        source, target = self.held(self.types[op.inputs[0]].dtype), self.held(op.attrs["dtype"])
+        y = x if source == target else self.cast(x, target, "cast")
+        return self.out(op, y) if op.attrs["dtype"] != self.types[op.inputs[0]].dtype else y
 
     def _block_matmul(self, w: BlockWeight, x: str) -> str:
         """x [R, T, k] times a matrix in blocks: com.microsoft MatMulNBits on its codes (``blocks``); for
