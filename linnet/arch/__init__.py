@@ -2,14 +2,15 @@
 
 An architecture is one small file here: its config reader (the spec fields beyond the common ones,
 refusing by name what it does not support), the code that builds its Program's layers with
-``linnet.program.builder`` (shared pieces in ``linnet.arch.blocks``), and its weight names (HF and GGUF
-names of each canonical tensor, tensors a checkpoint packs together, and load-time transforms).
-Adding one is that file plus its line in ``_MODULES``.
+``linnet.program.builder`` (shared pieces in ``linnet.arch.blocks``), its weight names (HF and GGUF
+names of each canonical tensor, tensors a checkpoint packs together, and load-time transforms), and its
+checkpoint forms: the GGUF metadata it reads and writes (as llama.cpp's graph of its family reads it)
+and its config.json keys. Adding one is that file plus its line in ``_MODULES``.
 """
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ import numpy as np
 from linnet.errors import UnsupportedModel
 
 if TYPE_CHECKING:
+    from linnet.gguf.reader import GGUFKeys
     from linnet.program.builder import SectionBuilder
     from linnet.spec import ConfigReader, ModelSpec
 
@@ -31,8 +33,14 @@ class Packed:
     into ``parts`` (views where it can), ``pack`` joins them back."""
 
     parts: tuple[str, ...]
-    unpack: Callable[[ModelSpec, np.ndarray], tuple[np.ndarray, ...]]
+    unpack: Callable[[ModelSpec, np.ndarray], tuple[np.ndarray, ...]]  # cuts rows (axis 0) only
     pack: Callable[[ModelSpec, tuple[np.ndarray, ...]], np.ndarray]
+
+    def groups(self, spec: ModelSpec, template: str, present: Collection[str]) -> list[tuple[str, tuple[str, ...]]]:
+        """(checkpoint name, canonical parts) for each layer (or the model, without "{i}") that has every part."""
+        prefixes = [(str(i), f"layers.{i}.") for i in range(spec.num_layers)] if "{i}" in template else [("", "")]
+        groups = [(template.format(i=i), tuple(prefix + p for p in self.parts)) for i, prefix in prefixes]
+        return [(name, parts) for name, parts in groups if all(p in present for p in parts)]
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,15 @@ class Architecture:
     eps_key: str = "rms_norm_eps"
     hf_packed: dict[str, Packed] = field(default_factory=dict)  # HF name -> what it packs
     hf_transforms: dict[str, Transform] = field(default_factory=dict)  # canonical part -> transform
-    hf_config: Callable[[ModelSpec], dict[str, Any]] | None = None  # config.json's family keys, for export
+    hf_config: Callable[[ModelSpec], dict[str, Any]] = field(default=lambda s: {})  # config.json's family keys
+    # GGUF, as llama.cpp's graph of ``family`` reads it: its metadata and tensors -> spec fields beyond the
+    # common ones (refusing a file that graph would not load); spec -> ``{family}.*`` metadata beyond the
+    # common keys (refusing what that graph would compute otherwise); tensors it packs; and whether it
+    # rotates interleaved pairs (llama.cpp's "norm" rope), so that q and k rows are permuted in the file.
+    gguf_config: Callable[[GGUFKeys], dict[str, Any]] = field(default=lambda keys: {})
+    gguf_metadata: Callable[[ModelSpec], dict[str, Any]] = field(default=lambda s: {})
+    gguf_packed: dict[str, Packed] = field(default_factory=dict)  # GGUF name -> what it packs
+    gguf_interleaved_rope: bool = False
 
 
 def _blocks() -> Any:
@@ -82,10 +98,11 @@ def get_architecture(name: str) -> Architecture:
 
 
 def architecture_for_family(family: str) -> Architecture:
+    """The first registered architecture of llama.cpp's ``family`` (Llama for ``llama``, not Mistral)."""
     for arch in _registry().values():
         if arch.family == family:
             return arch
-    families = sorted(a.family for a in _registry().values())
+    families = sorted({a.family for a in _registry().values()})
     raise UnsupportedModel(f"architecture {family!r} is not supported; supported: {', '.join(families)}")
 
 

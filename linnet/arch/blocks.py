@@ -1,12 +1,17 @@
 """The pieces architectures build their layers from (as llama.cpp's ``build_attn`` and ``build_ffn``),
-the Llama family's weight names, and the config readings several families share."""
+the Llama family's weight names, and the config readings and checkpoint forms several families share."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import fields, is_dataclass, replace
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from linnet.errors import UnsupportedModel
 
 if TYPE_CHECKING:
+    from linnet.gguf.reader import GGUFKeys
     from linnet.program.builder import SectionBuilder
     from linnet.spec import ConfigReader, ModelSpec
 
@@ -170,3 +175,90 @@ def partial_rotary(reader: ConfigReader, head_dim: int, default: float = 1.0,
 def optional_number(reader: ConfigReader, key: str) -> float | None:
     value = reader.config.get(key)
     return None if value is None else reader.number(key)
+
+
+# -- checkpoint forms: what several families' GGUF metadata and config.json keys share ---------------------
+
+def gguf_biases(keys: GGUFKeys) -> dict[str, bool]:
+    """Optional biases, as llama.cpp finds them: by the tensors present (layer 0 stands for all)."""
+    return {"qkv_bias": keys.has("blk.0.attn_q.bias"), "o_bias": keys.has("blk.0.attn_output.bias"),
+            "mlp_bias": keys.has("blk.0.ffn_down.bias")}
+
+
+def needs_head(keys: GGUFKeys, tied: bool) -> None:
+    """A graph that reads only one of ``output.weight`` (untied) and ``token_embd.weight`` (tied) as its head."""
+    if keys.has("output.weight") == tied:
+        raise UnsupportedModel(f"{keys.where}: llama.cpp's {keys.family} graph needs "
+                               f"{'a tied head (no output.weight)' if tied else 'an untied head (output.weight)'}")
+
+
+def plain_heads(spec: ModelSpec, form: str) -> None:
+    """Forms that derive head_dim from hidden_size / num_attention_heads."""
+    if spec.head_dim * spec.num_heads != spec.hidden_size:
+        raise UnsupportedModel(f"{form} cannot express head_dim {spec.head_dim} (it is hidden_size "
+                               f"{spec.hidden_size} / num_attention_heads {spec.num_heads})")
+
+
+def no_window(spec: ModelSpec, form: str) -> None:
+    """Forms without sliding-window attention; a window of max_positions or more never hides a token."""
+    if "sliding" in spec.layer_types and spec.sliding_window < spec.max_positions:
+        raise UnsupportedModel(f"{form} has no sliding-window attention; {spec.architecture}'s "
+                               f"sliding_window={spec.sliding_window} cannot be written")
+
+
+HF_ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
+
+
+def hf_uniform_window(spec: ModelSpec) -> dict[str, Any]:
+    """config.json's sliding_window for families that slide on every layer or none (no layer_types)."""
+    return {"sliding_window": spec.sliding_window if "sliding" in spec.layer_types else None}
+
+
+def hf_layer_types(spec: ModelSpec) -> dict[str, Any]:
+    names = {"full": "full_attention", "sliding": "sliding_attention"}
+    types = [names[spec.layer_type(i)] for i in range(spec.num_layers)]
+    return {"layer_types": types, "sliding_window": spec.sliding_window}
+
+
+def hf_partial_rotary(spec: ModelSpec) -> dict[str, Any]:
+    """partial_rotary_factor (1.0 for all of the head), one that transformers' int() turns back into rope_dim."""
+    if spec.rope_dim is None:
+        return {"partial_rotary_factor": 1.0}
+    return {"partial_rotary_factor": shortest(spec.rope_dim / spec.head_dim,
+                                              lambda f: int(spec.head_dim * f) == spec.rope_dim)}
+
+
+def shortest(value: float, reads_back: Callable[[float], bool]) -> float | int:
+    """The shortest decimal near ``value`` that a config reader turns back into the same spec value
+    (query_pre_attn_scalar 24, not 23.999999999999996); ``value`` itself when none does."""
+    for digits in range(17):
+        candidate = round(value, digits)
+        if reads_back(candidate):
+            return int(candidate) if candidate.is_integer() else candidate
+    return value
+
+
+def check_reads_back(spec: ModelSpec, back: ModelSpec, form: str, float32: bool = False) -> None:
+    """``back``, what ``form`` reads as, is the model ``spec`` describes (``float32``: floats as float32),
+    or an error naming each field that differs. Windows that hide nothing (max_positions or wider) count as
+    full attention, and no attention scale as head_dim ** -0.5."""
+    ours, theirs = _canonical(spec), _canonical(back)
+    differing = [f.name for f in fields(ours) if not _same(getattr(ours, f.name), getattr(theirs, f.name), float32)]
+    if differing:
+        raise UnsupportedModel(f"{form} cannot express {spec.architecture}'s " + ", ".join(
+            f"{name}={getattr(ours, name)!r} (it would read back as {getattr(theirs, name)!r})" for name in differing))
+
+
+def _canonical(spec: ModelSpec) -> ModelSpec:
+    window = spec.sliding_window is not None and spec.sliding_window < spec.max_positions
+    types = tuple(t if window else "full" for t in spec.layer_types)
+    spec = replace(spec, attention_scale=spec.scale)
+    return replace(spec, layer_types=types) if "sliding" in types else replace(spec, layer_types=(), sliding_window=None)
+
+
+def _same(a: Any, b: Any, float32: bool) -> bool:
+    if float32 and isinstance(a, float) and isinstance(b, (int, float)):
+        return bool(np.float32(a) == np.float32(b))
+    if is_dataclass(a) and type(a) is type(b):
+        return all(_same(getattr(a, f.name), getattr(b, f.name), float32) for f in fields(a))
+    return a == b

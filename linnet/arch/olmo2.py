@@ -1,7 +1,7 @@
 """OLMo 2: norms after each sublayer instead of before (x + norm(attn(x)), then x + norm(mlp(x))), and
 RMS norms of the whole q and k projections before the heads are split."""
 from linnet.arch import Architecture
-from linnet.arch.blocks import LLAMA_NAMES, attention, mlp, refuse
+from linnet.arch.blocks import LLAMA_NAMES, attention, mlp, needs_head, plain_heads, refuse
 
 NAMES = {
     **{k: v for k, v in LLAMA_NAMES.items() if k not in ("attn_norm", "mlp_norm")},
@@ -21,4 +21,20 @@ def layer(b, kind: str) -> str:
     return b.add(x, b.rms_norm(mlp(b, x), "post_mlp_norm", "mlp_normed"), "x_out")
 
 
-ARCHITECTURE = Architecture("Olmo2ForCausalLM", "olmo2", "olmo2", read_config, layer, NAMES)
+def hf_config(spec) -> dict:
+    plain_heads(spec, "OLMo 2's config.json")
+    return {"hidden_act": "silu", "attention_bias": spec.qkv_bias}
+
+
+def gguf_config(keys) -> dict:
+    needs_head(keys, tied=False)
+    return {}  # llama.cpp's olmo2 graph has no biases: a file with them has tensors it does not know
+
+
+def gguf_metadata(spec) -> dict:
+    plain_heads(spec, "llama.cpp's olmo2 graph")
+    return {}
+
+
+ARCHITECTURE = Architecture("Olmo2ForCausalLM", "olmo2", "olmo2", read_config, layer, NAMES, hf_config=hf_config,
+                            gguf_config=gguf_config, gguf_metadata=gguf_metadata)

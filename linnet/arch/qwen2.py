@@ -10,4 +10,6 @@ def read_config(c) -> dict:
     return {"qkv_bias": True, "o_bias": False}
 
 
-ARCHITECTURE = Architecture("Qwen2ForCausalLM", "qwen2", "qwen2", read_config, pre_norm_layer, LLAMA_NAMES)
+ARCHITECTURE = Architecture("Qwen2ForCausalLM", "qwen2", "qwen2", read_config, pre_norm_layer, LLAMA_NAMES,
+                            hf_config=lambda spec: {"hidden_act": "silu", "use_sliding_window": False},
+                            gguf_config=lambda keys: {"qkv_bias": True})

@@ -1,28 +1,42 @@
-"""Write a GGUF file that llama.cpp loads: llama, qwen2 or qwen3, in f32, f16, bf16 or q8_0.
+"""Write a GGUF file that llama.cpp loads, for each family in llama.cpp's graph of it (Mistral as
+``llama``), in f32, f16, bf16 or q8_0.
 
-Tensors are converted and written one at a time (the directory of sizes is known up front), so memory
-stays at one tensor beyond the model. The file is written under a temporary name and renamed at the end.
+What is about to be written is first read back through ``linnet.gguf.reader.spec_from_metadata``: a model
+the file would describe otherwise (a feature that family's GGUF metadata has no key for, or that llama.cpp
+derives instead of reading) is refused, naming the fields, before anything is written. Tensors are
+converted and written one at a time (the directory of sizes is known up front), so memory stays at one
+tensor beyond the model. The file is written under a temporary name and renamed at the end.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from math import prod
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGUFWriter, LlamaFileType
+from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGUFValueType, GGUFWriter, LlamaFileType
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize
 
+from linnet.arch import Packed, get_architecture
+from linnet.arch.blocks import check_reads_back
 from linnet.errors import LinnetError, UnsupportedModel
 from linnet.files import atomic_write, check_output
-from linnet.gguf.reader import ROPE_FREQS
+from linnet.gguf.reader import ROPE_FREQS, spec_from_metadata
 from linnet.gguf.rope import llama3_factors, rope_permute
 from linnet.gguf.tokenizer import GGUFVocab, gguf_vocab
 from linnet.loaded_model import LoadedModel
 from linnet.names import gguf_name
+from linnet.spec import ModelSpec
+from linnet.weights import Weights
 
 TYPES = {"f32": (Q.F32, LlamaFileType.ALL_F32), "f16": (Q.F16, LlamaFileType.MOSTLY_F16),
          "bf16": (Q.BF16, LlamaFileType.MOSTLY_BF16), "q8_0": (Q.Q8_0, LlamaFileType.MOSTLY_Q8_0)}
+ROPE_FREQS_FAMILIES = ("llama", "granite")  # the graphs that apply rope_freqs.weight (Llama 3 scaling)
+VALUE_TYPES = {bool: GGUFValueType.BOOL, int: GGUFValueType.UINT32, float: GGUFValueType.FLOAT32,
+               str: GGUFValueType.STRING}
+Tensor = tuple[tuple[str, ...], Packed | None, tuple[int, ...], Q]  # canonical parts, their pack, shape, type
 
 
 def export_gguf(model: LoadedModel, out_file: str | Path, type: str, force: bool = False) -> Path:
@@ -33,74 +47,110 @@ def export_gguf(model: LoadedModel, out_file: str | Path, type: str, force: bool
     spec, tokenizer = model.spec, model.tokenizer
     if tokenizer is None:
         raise UnsupportedModel(f"{model.path} has no tokenizer, and a GGUF file must carry one")
-    if spec.rope.kind == "llama3" and spec.family != "llama":
+    if spec.rope.kind == "llama3" and spec.family not in ROPE_FREQS_FAMILIES:
         raise UnsupportedModel(f"llama.cpp's {spec.family} graph has no Llama 3 rope scaling")
-    check_output(out_file, force)
-    qtype, file_type = TYPES[type]
-    tensors = {gguf_name(spec, c): (c, _tensor_type(a, qtype)) for c, a in model.weights.items()}
-    vocab = gguf_vocab(tokenizer, spec.vocab_size)
     eos_ids = model.eos_ids
     if len(eos_ids) > 3:
         raise UnsupportedModel(f"GGUF holds at most three end-of-generation ids (eos, eot, eom), not {list(eos_ids)}")
-    return atomic_write(out_file, lambda tmp: _write(tmp, model, file_type, tensors, vocab, eos_ids))
+    metadata = model_metadata(spec, eos_ids)
+    rope_freqs = llama3_factors(spec.rope, spec.head_dim) if spec.rope.kind == "llama3" else None
+    qtype, file_type = TYPES[type]
+    tensors = _tensors(spec, model.weights, qtype)
+    _check_reads_back(spec, eos_ids, metadata, {name: t[2] for name, t in tensors.items()}, rope_freqs)
+    check_output(out_file, force)
+    vocab = gguf_vocab(tokenizer, spec.vocab_size)
+    return atomic_write(out_file, lambda tmp: _write(tmp, model, file_type, metadata, rope_freqs, tensors, vocab))
 
 
-def _write(path: Path, model: LoadedModel, file_type: LlamaFileType, tensors: dict[str, tuple[str, Q]],
-           vocab: GGUFVocab, eos_ids: tuple[int, ...]) -> None:
+def model_metadata(spec: ModelSpec, eos_ids: tuple[int, ...]) -> dict[str, Any]:
+    """The GGUF keys that describe the model (all but the file's and the tokenizer's own)."""
+    family = spec.family
+    eps = "layer_norm_epsilon" if spec.norm == "layer" else "layer_norm_rms_epsilon"
+    keys = {
+        "context_length": spec.max_positions, "embedding_length": spec.hidden_size, "block_count": spec.num_layers,
+        "feed_forward_length": spec.intermediate_size, "attention.head_count": spec.num_heads,
+        "attention.head_count_kv": spec.num_kv_heads, "attention.key_length": spec.head_dim,
+        "attention.value_length": spec.head_dim, "rope.dimension_count": spec.rotary_dim,
+        f"attention.{eps}": float(spec.rms_norm_eps), "rope.freq_base": float(spec.rope.theta),
+        "vocab_size": spec.vocab_size,
+    }
+    if spec.rope.kind == "linear":
+        keys |= {"rope.scaling.type": "linear", "rope.scaling.factor": float(spec.rope.factor)}
+    keys |= get_architecture(spec.architecture).gguf_metadata(spec)
+    ids = {"bos": spec.bos_token_id, **dict(zip(("eos", "eot", "eom"), eos_ids))}
+    return {"general.architecture": family, **{f"{family}.{k}": v for k, v in keys.items()},
+            **{f"tokenizer.ggml.{k}_token_id": i for k, i in ids.items() if i is not None}}
+
+
+def _tensors(spec: ModelSpec, weights: Weights, qtype: Q) -> dict[str, Tensor]:
+    """Each GGUF tensor to write: llama.cpp's packed ones stack their parts' rows."""
+    packed = {}
+    for template, pack in get_architecture(spec.architecture).gguf_packed.items():
+        for name, parts in pack.groups(spec, template, weights):
+            packed.update(dict.fromkeys(parts, (name, parts, pack)))
+    tensors: dict[str, Tensor] = {}
+    for canonical, array in weights.items():
+        name, parts, pack = packed.get(canonical, (gguf_name(spec, canonical), (canonical,), None))
+        if name not in tensors:
+            shape = (sum(weights[p].shape[0] for p in parts), *array.shape[1:])
+            tensors[name] = (parts, pack, shape, _tensor_type(shape, qtype))
+    return tensors
+
+
+def _check_reads_back(spec: ModelSpec, eos_ids: tuple[int, ...], metadata: dict[str, Any],
+                      shapes: dict[str, tuple[int, ...]], rope_freqs: np.ndarray | None) -> None:
+    """The file would give the model's spec (floats as float32; Mistral as Llama), or an error naming
+    what differs."""
+    back = spec_from_metadata(metadata, shapes, rope_freqs, f"the GGUF of {spec.architecture}")
+    check_reads_back(replace(spec, eos_token_ids=eos_ids, dtype=back.dtype),
+                     replace(back, architecture=spec.architecture),  # one family: Mistral's reads back as Llama
+                     f"GGUF's {spec.family} form (as llama.cpp reads it)", float32=True)
+
+
+def _write(path: Path, model: LoadedModel, file_type: LlamaFileType, metadata: dict[str, Any],
+           rope_freqs: np.ndarray | None, tensors: dict[str, Tensor], vocab: GGUFVocab) -> None:
     spec, tokenizer = model.spec, model.tokenizer
     writer = GGUFWriter(path, arch=spec.family)
     try:
         writer.add_name(model.path.stem)
         writer.add_file_type(file_type)
         writer.add_quantization_version(GGML_QUANT_VERSION)
-        writer.add_context_length(spec.max_positions)
-        writer.add_embedding_length(spec.hidden_size)
-        writer.add_block_count(spec.num_layers)
-        writer.add_feed_forward_length(spec.intermediate_size)
-        writer.add_head_count(spec.num_heads)
-        writer.add_head_count_kv(spec.num_kv_heads)
-        writer.add_key_length(spec.head_dim)
-        writer.add_value_length(spec.head_dim)
-        writer.add_rope_dimension_count(spec.head_dim)
-        writer.add_layer_norm_rms_eps(spec.rms_norm_eps)
-        writer.add_rope_freq_base(spec.rope.theta)
-        writer.add_vocab_size(spec.vocab_size)
+        for key, value in metadata.items():
+            if key != "general.architecture":  # the writer's own
+                writer.add_key_value(key, value, VALUE_TYPES[type(value)])
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(vocab.pre)
         writer.add_token_list(vocab.tokens)
         writer.add_token_types(vocab.types)
         writer.add_token_merges(vocab.merges)
         writer.add_add_bos_token(vocab.add_bos)
-        if spec.bos_token_id is not None:
-            writer.add_bos_token_id(spec.bos_token_id)
-        for add, i in zip((writer.add_eos_token_id, writer.add_eot_token_id, writer.add_eom_token_id), eos_ids):
-            add(i)
         if tokenizer.chat_template:
             writer.add_chat_template(tokenizer.chat_template)
 
-        rope_freqs = llama3_factors(spec.rope, spec.head_dim) if spec.rope.kind == "llama3" else None
         if rope_freqs is not None:  # llama.cpp applies Llama 3 scaling through this tensor
             writer.add_tensor_info(ROPE_FREQS, rope_freqs.shape, rope_freqs.dtype, rope_freqs.nbytes, Q.F32)
-        for name, (canonical, tensor_type) in tensors.items():
-            shape = model.weights[canonical].shape
+        for name, (_, _, shape, tensor_type) in tensors.items():
             writer.add_tensor_info(name, shape, np.dtype(np.float32), _nbytes(shape, tensor_type), tensor_type)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         if rope_freqs is not None:
             writer.write_tensor_data(rope_freqs)
-        for name, (canonical, tensor_type) in tensors.items():
-            array = rope_permute(spec, canonical, model.weights[canonical])
+        for name, (parts, pack, _, tensor_type) in tensors.items():
+            if pack is None:
+                array = rope_permute(spec, parts[0], model.weights[parts[0]])
+            else:
+                array = pack.pack(spec, tuple(model.weights[p] for p in parts))
             writer.write_tensor_data(_encode(array, tensor_type))
     finally:
         writer.close()
 
 
-def _tensor_type(array: np.ndarray, wanted: Q) -> Q:
+def _tensor_type(shape: tuple[int, ...], wanted: Q) -> Q:
     """Vectors stay f32; a matrix whose rows are not whole q8_0 blocks falls back to f16, as in llama.cpp."""
-    if array.ndim == 1:
+    if len(shape) == 1:
         return Q.F32
-    if array.shape[-1] % GGML_QUANT_SIZES[wanted][0]:
+    if shape[-1] % GGML_QUANT_SIZES[wanted][0]:
         return Q.F16
     return wanted
 

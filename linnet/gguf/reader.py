@@ -1,11 +1,14 @@
-"""Load a GGUF file (llama, qwen2, qwen3) as a ModelSpec, float32 Weights and a Tokenizer.
+"""Load a GGUF file of any family Linnet has an architecture for, as llama.cpp's graph of that family
+reads it, as a ModelSpec, float32 Weights and a Tokenizer.
 
 Quantised tensors are dequantised once (``dequantise``); the result is kept in the converted-weights
 cache, keyed by the file's identity and the dequantising code, so later loads map it instead.
 """
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
-from linnet.arch import architecture_for_family
+from linnet.arch import Packed, architecture_for_family, get_architecture
 from linnet.errors import UnsupportedModel, WeightError
 from linnet.gguf import dequantise
 from linnet.gguf.blocks import GGUFWeights
@@ -32,6 +35,7 @@ from linnet.weights import check_shapes
 SUPPORTED_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
                              Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K})
 ROPE_FREQS = "rope_freqs.weight"
+PlanEntry = tuple[tuple[str, ...], Packed | None]
 
 
 def load_gguf(path: str | Path) -> LoadedModel:
@@ -44,18 +48,19 @@ def load_gguf(path: str | Path) -> LoadedModel:
 def _load(path: Path, start: float) -> LoadedModel:
     gguf = GGUFFile(path)
     spec = spec_from_gguf(gguf)
-    names = {gguf_name(spec, c): c for c in expected_shapes(spec)}
-    unknown = sorted(set(gguf.tensors) - set(names) - {ROPE_FREQS})
+    plan = tensor_plan(spec)
+    unknown = sorted(set(gguf.tensors) - set(plan) - {ROPE_FREQS})
     if unknown:
         raise UnsupportedModel(f"{path.name} has tensors Linnet does not know: {', '.join(unknown[:5])}")
-    present = {name: canonical for name, canonical in names.items() if name in gguf.tensors}
+    present = {name: entry for name, entry in plan.items() if name in gguf.tensors}
     for name in present:  # types, names and shapes are checked before anything is dequantised or cached
         if gguf.tensors[name].type not in SUPPORTED_TYPES:
             raise WeightError(f"tensor {name!r} is stored as {gguf.tensors[name].type.name}, which Linnet "
                               f"cannot read; supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}")
-    check_shapes(spec, {canonical: gguf.tensors[name] for name, canonical in present.items()})
+    check_shapes(spec, _canonical_shapes(spec, gguf, present))
     tokenizer = _tokenizer(gguf) if "tokenizer.ggml.model" in gguf.metadata else None
-    file, key = source_identity([path]), f"dequantised by {dequantise.code()}"
+    unpacking = sorted({pack.unpack.__module__ for _, pack in present.values() if pack is not None})
+    file, key = source_identity([path]), f"dequantised by {dequantise.code(*map(sys.modules.get, unpacking))}"
     # The weights are this file as this code dequantises it (when first read as floats; its Q8_0/Q4_0/Q4_1
     # tensors are also given as stored, linnet.gguf.blocks): plans of them are keyed by both.
     def dequantise_all() -> dict[str, np.ndarray]:
@@ -65,69 +70,131 @@ def _load(path: Path, start: float) -> LoadedModel:
     return LoadedModel(spec, weights, tokenizer, path)
 
 
+def tensor_plan(spec: ModelSpec) -> dict[str, PlanEntry]:
+    """Every GGUF tensor the spec's weights come from -> (its canonical parts, the architecture's
+    ``Packed`` for a tensor llama.cpp keeps packed, else None)."""
+    needed = expected_shapes(spec)
+    plan: dict[str, PlanEntry] = {name: ((c,), None) for c in needed if (name := gguf_name(spec, c)) is not None}
+    for template, pack in get_architecture(spec.architecture).gguf_packed.items():
+        plan.update({name: (parts, pack) for name, parts in pack.groups(spec, template, needed)})
+    return plan
+
+
+def _canonical_shapes(spec: ModelSpec, gguf: GGUFFile, present: dict[str, PlanEntry]) -> dict[str, Any]:
+    """Each canonical tensor's shape as the file holds it (a packed tensor's rows split as unpacking would)."""
+    shapes: dict[str, Any] = {}
+    for name, (parts, pack) in present.items():
+        shape = gguf.tensors[name].shape
+        if pack is None:
+            shapes[parts[0]] = gguf.tensors[name]
+            continue
+        try:
+            pieces = pack.unpack(spec, np.broadcast_to(np.zeros((), np.uint8), shape))
+        except ValueError:
+            raise WeightError(f"tensor {name!r} of shape {list(shape)} does not hold {', '.join(parts)} "
+                              "in the model's shapes") from None
+        shapes.update(zip(parts, pieces))
+    return shapes
+
+
 def spec_from_gguf(gguf: GGUFFile) -> ModelSpec:
     with naming(gguf.path):
-        return _spec(gguf)
+        freqs = gguf.tensors.get(ROPE_FREQS)
+        if freqs is not None and freqs.type != Q.F32:
+            raise WeightError(f"{gguf.path}: {ROPE_FREQS} is {freqs.type.name}, expected F32")
+        factors = None if freqs is None else dequantize(gguf.raw(ROPE_FREQS), Q.F32)
+        shapes = {name: info.shape for name, info in gguf.tensors.items()}
+        return spec_from_metadata(gguf.metadata, shapes, factors, str(gguf.path))
 
 
-def _spec(gguf: GGUFFile) -> ModelSpec:
-    meta = gguf.metadata
-    family = meta.get("general.architecture")
-    if not isinstance(family, str):
-        raise UnsupportedModel(f"{gguf.path}: general.architecture: expected a name, got {family!r}")
-    arch = architecture_for_family(family)
+class GGUFKeys:
+    """A GGUF file's ``{family}.*`` metadata, each value checked for its type, and its tensor names: what
+    an architecture's ``gguf_config`` reads."""
 
-    def key(name: str, default: Any = None, kind: type = int) -> Any:
-        """A whole number of at least 1 (``kind`` int) or a finite, positive number (``kind`` float)."""
-        value = meta.get(f"{family}.{name}", default)
+    def __init__(self, meta: dict[str, Any], tensors: Collection[str], family: str, where: str):
+        self.meta, self.tensors, self.family, self.where = meta, tensors, family, where
+
+    def number(self, name: str, default: Any = None, kind: type = int) -> Any:
+        """A whole number of at least 1 (``kind`` int) or a finite, positive number (``kind`` float, as
+        the shortest decimal of its float32); required unless there is a default."""
+        value = self.meta.get(f"{self.family}.{name}", default)
         if value is None:
-            raise UnsupportedModel(f"{gguf.path.name} lacks metadata key {family}.{name}")
+            raise UnsupportedModel(f"{Path(self.where).name} lacks metadata key {self.family}.{name}")
         if isinstance(value, list):
-            raise UnsupportedModel(f"{family}.{name} differs per layer; Linnet supports uniform layers only")
+            raise UnsupportedModel(f"{self.family}.{name} differs per layer; Linnet supports uniform layers only")
         if type(value) not in ((int,) if kind is int else (int, float)) or not 0 < value < float("inf"):
             what = "a positive integer" if kind is int else "a finite, positive number"
-            raise UnsupportedModel(f"{gguf.path}: {family}.{name}: expected {what}, got {value!r}")
+            raise UnsupportedModel(f"{self.where}: {self.family}.{name}: expected {what}, got {value!r}")
+        return value if kind is int else _f32(value)
+
+    def optional(self, name: str, kind: type = float) -> Any:
+        """``number``, or None where the key is absent."""
+        return self.number(name, kind=kind) if f"{self.family}.{name}" in self.meta else None
+
+    def flag(self, name: str, default: bool) -> bool:
+        value = self.meta.get(f"{self.family}.{name}", default)
+        if type(value) is not bool:
+            raise UnsupportedModel(f"{self.where}: {self.family}.{name}: expected true or false, got {value!r}")
         return value
 
-    if "token_embd.weight" not in gguf.tensors:
-        raise WeightError(f"{gguf.path.name} has no token_embd.weight")
-    hidden, heads = key("embedding_length"), key("attention.head_count")
-    head_dim = key("attention.key_length", hidden // heads)  # llama.cpp's default too
-    if key("attention.value_length", head_dim) != head_dim:
+    def has(self, tensor: str) -> bool:
+        return tensor in self.tensors
+
+
+def spec_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], rope_factors: np.ndarray | None,
+                       where: str) -> ModelSpec:
+    """The spec a GGUF's metadata and tensor shapes describe (``rope_factors``: its rope_freqs.weight).
+    The exporter reads what it is about to write through this too, so both agree by construction."""
+    family = meta.get("general.architecture")
+    if not isinstance(family, str):
+        raise UnsupportedModel(f"{where}: general.architecture: expected a name, got {family!r}")
+    arch = architecture_for_family(family)
+    keys = GGUFKeys(meta, shapes, family, where)
+    if "token_embd.weight" not in shapes:
+        raise WeightError(f"{Path(where).name} has no token_embd.weight")
+    hidden, heads = keys.number("embedding_length"), keys.number("attention.head_count")
+    head_dim = keys.number("attention.key_length", hidden // heads)  # llama.cpp's default too
+    if keys.number("attention.value_length", head_dim) != head_dim:
         raise UnsupportedModel("attention.value_length differs from key_length; not supported")
-    if meta.get(f"{family}.rope.scaling.type", "none") != "none":
-        raise UnsupportedModel(f"rope scaling {meta[f'{family}.rope.scaling.type']!r} is not supported")
-    theta = _f32(key("rope.freq_base", 10000.0, float))  # llama.cpp's default when the key is absent
-    rope = RopeSpec(theta=theta)
-    if ROPE_FREQS in gguf.tensors:
-        info = gguf.tensors[ROPE_FREQS]
-        if info.type != Q.F32 or info.shape != (head_dim // 2,):
-            raise WeightError(f"{gguf.path}: {ROPE_FREQS} is {info.type.name}{list(info.shape)}, "
-                              f"expected F32[{head_dim // 2}]")
-        rope = llama3_from_factors(theta, head_dim, dequantize(gguf.raw(ROPE_FREQS), info.type))
-    if family not in ("llama", "qwen2", "qwen3"):
-        raise UnsupportedModel(f"GGUF files of llama.cpp's {family!r} graph are not read yet")
-    bias = "blk.0.attn_q.bias" in gguf.tensors
-    flags = {"qwen2": dict(qkv_bias=True), "qwen3": dict(qkv_bias=bias, o_bias=bias, qk_norm=True)}.get(
-        family, dict(qkv_bias=bias, o_bias=bias))
+    rope_dim = keys.number("rope.dimension_count", head_dim)
+    if rope_dim != head_dim and arch.gguf_interleaved_rope:
+        raise UnsupportedModel(f"{where}: partial rotary (rope.dimension_count {rope_dim} of head_dim {head_dim}) "
+                               f"in llama.cpp's {family} graph is not supported")
+    fields = arch.gguf_config(keys)
+    eps = "attention.layer_norm_epsilon" if fields.get("norm") == "layer" else "attention.layer_norm_rms_epsilon"
     eos = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     return ModelSpec(
         architecture=arch.name,
-        vocab_size=gguf.tensors["token_embd.weight"].shape[0],
+        vocab_size=shapes["token_embd.weight"][0],
         hidden_size=hidden,
-        intermediate_size=key("feed_forward_length"),
-        num_layers=key("block_count"),
+        intermediate_size=keys.number("feed_forward_length"),
+        num_layers=keys.number("block_count"),
         num_heads=heads,
-        num_kv_heads=key("attention.head_count_kv", heads),
+        num_kv_heads=keys.number("attention.head_count_kv", heads),
         head_dim=head_dim,
-        rms_norm_eps=_f32(key("attention.layer_norm_rms_epsilon", kind=float)),
-        rope=rope,
-        max_positions=key("context_length"),
-        tie_word_embeddings="output.weight" not in gguf.tensors,
+        rms_norm_eps=keys.number(eps, kind=float),
+        rope=_rope(keys, head_dim, rope_factors),
+        max_positions=keys.number("context_length"),
+        tie_word_embeddings="output.weight" not in shapes,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(i for i in eos if i is not None),
-        **flags,
+        rope_dim=None if rope_dim == head_dim else rope_dim,
+        **fields,
     )
+
+
+def _rope(keys: GGUFKeys, head_dim: int, factors: np.ndarray | None) -> RopeSpec:
+    theta = keys.number("rope.freq_base", 10000.0, float)  # llama.cpp's default when the key is absent
+    scaling = keys.meta.get(f"{keys.family}.rope.scaling.type", "none")
+    if scaling == "linear":
+        return RopeSpec(theta=theta, kind="linear", factor=keys.number("rope.scaling.factor", kind=float))
+    if scaling != "none":
+        raise UnsupportedModel(f"rope scaling {scaling!r} is not supported (none, linear)")
+    if factors is None:
+        return RopeSpec(theta=theta)
+    if factors.shape != (head_dim // 2,):
+        raise WeightError(f"{keys.where}: {ROPE_FREQS} has shape {list(factors.shape)}, expected [{head_dim // 2}]")
+    return llama3_from_factors(theta, head_dim, factors)
 
 
 # The tokenizer keys and their types, checked before linnet.gguf.tokenizer builds a tokenizer from them.

@@ -51,10 +51,13 @@ def _plain(theta: float, head_dim: int) -> np.ndarray:
 
 
 def rope_permute(spec: ModelSpec, canonical: str, array: np.ndarray, inverse: bool = False) -> np.ndarray:
-    """llama.cpp's ``llama`` graph rotates interleaved pairs where HF rotates halves, so its converter
-    reorders the rows of each q and k head (biases too); ``inverse`` undoes that. Qwen graphs rotate halves."""
+    """llama.cpp's ``llama`` graph (and granite's, smollm3's: its "norm" rope) rotates interleaved pairs
+    where HF rotates halves, so its converter reorders the rows of each q and k head (biases too);
+    ``inverse`` undoes that. The other graphs (its "neox" rope) rotate halves, as HF does."""
+    from linnet.arch import get_architecture
+
     part = canonical.rsplit(".", 1)[-1]
-    if spec.family != "llama" or part not in ("q", "q_bias", "k", "k_bias"):
+    if part not in ("q", "q_bias", "k", "k_bias") or not get_architecture(spec.architecture).gguf_interleaved_rope:
         return array
     heads = spec.num_heads if part.startswith("q") else spec.num_kv_heads
     split = (heads, spec.head_dim // 2, 2) if inverse else (heads, 2, spec.head_dim // 2)

@@ -6,6 +6,8 @@ so a failed export leaves nothing half-written behind.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +15,13 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from linnet.arch import get_architecture
+from linnet.arch.blocks import check_reads_back
 from linnet.dtypes import DTYPES
-from linnet.errors import LinnetError, UnsupportedModel
+from linnet.errors import LinnetError
 from linnet.files import atomic_write, check_output
 from linnet.loaded_model import LoadedModel
 from linnet.names import hf_name
-from linnet.spec import ModelSpec
+from linnet.spec import ModelSpec, spec_from_hf_config
 
 SHARD_BYTES = 2 * 1024**3
 
@@ -55,21 +58,22 @@ def export_hf(model: LoadedModel, out_dir: str | Path, dtype: str, shard_bytes: 
 
 
 def hf_config(spec: ModelSpec, dtype: str, eos_ids: list[int]) -> dict[str, Any]:
-    """config.json in both spellings: transformers 4 reads rope_theta and rope_scaling, 5 rope_parameters."""
+    """config.json in both spellings (transformers 4 reads rope_theta and rope_scaling, 5 rope_parameters),
+    with the architecture's own keys; read back first, so a model it would describe otherwise is refused."""
     arch = get_architecture(spec.architecture)
-    if arch.family not in ("llama", "qwen2", "qwen3") or arch.name == "MistralForCausalLM":
-        raise UnsupportedModel(f"exporting {spec.architecture} to a Hugging Face checkpoint is not supported yet")
-    if spec.qkv_bias != spec.o_bias and arch.family != "qwen2" or spec.qk_norm != (arch.family == "qwen3"):
-        raise UnsupportedModel(f"{spec.architecture} in config.json cannot express these attention biases/norms")
     rope = spec.rope
     scaling = None
     if rope.kind == "llama3":
         scaling = {"rope_type": "llama3", "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
                    "high_freq_factor": rope.high_freq_factor,
                    "original_max_position_embeddings": rope.original_max_positions}
+    elif rope.kind == "linear":
+        scaling = {"rope_type": "linear", "factor": rope.factor}
+    family = arch.hf_config(spec)
+    partial = {k: family[k] for k in ("partial_rotary_factor",) if k in family}
     config = {
         "architectures": [spec.architecture],
-        "model_type": arch.family,
+        "model_type": arch.model_type,
         "vocab_size": spec.vocab_size,
         "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size,
@@ -77,36 +81,58 @@ def hf_config(spec: ModelSpec, dtype: str, eos_ids: list[int]) -> dict[str, Any]
         "num_attention_heads": spec.num_heads,
         "num_key_value_heads": spec.num_kv_heads,
         "head_dim": spec.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": spec.rms_norm_eps,
+        arch.eps_key: spec.rms_norm_eps,
         "max_position_embeddings": spec.max_positions,
         "tie_word_embeddings": spec.tie_word_embeddings,
-        "attention_bias": spec.qkv_bias,  # llama, qwen3: on q, k, v and o; qwen2 always has its q, k, v bias
         "rope_theta": rope.theta,
         "rope_scaling": scaling,
-        "rope_parameters": {"rope_type": rope.kind, "rope_theta": rope.theta, **(scaling or {})},
+        "rope_parameters": {"rope_type": rope.kind, "rope_theta": rope.theta, **(scaling or {}), **partial},
         "torch_dtype": DTYPES[dtype].hf,
         "dtype": DTYPES[dtype].hf,
         "bos_token_id": spec.bos_token_id,
         "eos_token_id": _one_or_list(eos_ids),
+        "pad_token_id": None,  # some families' defaults (SmolLM3's 128004) lie outside a small vocabulary
         "use_cache": True,
+        **family,
     }
-    if arch.family == "llama":
-        config["mlp_bias"] = False
-    else:
-        config["use_sliding_window"] = False
+    expected = replace(spec, eos_token_ids=tuple(eos_ids), dtype=DTYPES[dtype].name)
+    check_reads_back(expected, spec_from_hf_config(config, "the exported config.json"),
+                     f"{spec.architecture}'s config.json")
     return config
+
+
+def _tensors(model: LoadedModel, dtype: np.dtype) -> Iterator[tuple[str, np.ndarray]]:
+    """Each checkpoint tensor: packed ones joined from their parts, load-time transforms undone."""
+    spec, weights = model.spec, model.weights
+    arch = get_architecture(spec.architecture)
+    packed = {}
+    for template, pack in arch.hf_packed.items():
+        for name, parts in pack.groups(spec, template, weights):
+            packed.update(dict.fromkeys(parts, (name, parts, pack)))
+    written = set()
+    for canonical, array in weights.items():  # a tied head has no lm_head: written tied
+        if canonical in packed:
+            name, parts, pack = packed[canonical]
+            if name not in written:
+                written.add(name)
+                yield name, _stored(pack.pack(spec, tuple(weights[p] for p in parts)), dtype)
+            continue
+        transform = arch.hf_transforms.get(canonical.rsplit(".", 1)[-1])
+        yield hf_name(spec, canonical), _stored(array if transform is None else transform.save(array), dtype)
+
+
+def _stored(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    return np.ascontiguousarray(array.astype(dtype, copy=False))
 
 
 def _write_safetensors(out: Path, model: LoadedModel, dtype: np.dtype, shard_bytes: int) -> None:
     shards: list[dict[str, np.ndarray]] = [{}]
     size = total = 0
-    for canonical, array in model.weights.items():  # a tied head has no lm_head: written tied
-        array = np.ascontiguousarray(array.astype(dtype, copy=False))
+    for name, array in _tensors(model, dtype):
         if shards[-1] and size + array.nbytes > shard_bytes:
             shards.append({})
             size = 0
-        shards[-1][hf_name(model.spec, canonical)] = array
+        shards[-1][name] = array
         size += array.nbytes
         total += array.nbytes
     if len(shards) == 1:

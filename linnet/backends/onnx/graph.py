@@ -18,11 +18,16 @@ weights as initializers. Two variants of one emitter:
 Attention reads the cache in one of two ways:
 
 - ``gather``: any rows at any positions (the Program's whole step): the step's rows are gathered from
-  the cache, the new keys and values scattered into it (ScatterND), the scores masked per position.
+  the cache, the new keys and values scattered into it (ScatterND), the scores softcapped and masked
+  per position (and window).
 - ``gqa`` (``ort`` only): com.microsoft GroupQueryAttention over cache rows bound in order (the runner
   binds a window of them), which appends the new keys and values and reads only the valid length, in
-  one kernel. It places the new tokens at each row's length, so each step's positions must be
-  contiguous (``positions[t] = positions[0] + t``): the runner sees to that.
+  one kernel (its scale, softcap and local_window_size attributes are the Program's attrs). It places
+  the new tokens at each row's length, so each step's positions must be contiguous
+  (``positions[t] = positions[0] + t``): the runner sees to that.
+
+Rotary on part of each head (x narrower than HEAD_DIM) is a rotation of that part alone: tables of
+ROTARY_DIM, and GroupQueryAttention's own rotation (whole heads) left out.
 
 Matrices the Program holds in llama.cpp's blocks (``ort`` only) are com.microsoft MatMulNBits products
 and GatherBlockQuantized rows on their codes (``blocks``), with ``Program.int8_activations`` as
@@ -58,12 +63,13 @@ ONNX_TYPES = {"f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16, "bf16": Tens
               "i64": TensorProto.INT64, "i32": TensorProto.INT32}
 FLAT_AWARE = {"rotary", "cache_write", "attention"}  # ops that take per-head values flat (``_Emitter.flat``)
 # The ops emitted here: every primitive and kernel, and the composites with a form of their own (SwiGLU as
-# one Mul of a Sigmoid, LayerNorm as LayerNormalization); softcap and norm_linear arrive decomposed.
+# one Mul of a Sigmoid, LayerNorm as LayerNormalization, softcap dividing by its cap); norm_linear arrives
+# decomposed.
 NATIVE_OPS = frozenset({
     "embedding", "linear", "split", "concat", "split_heads", "cache_write", "select", "cast", "add", "sub", "mul",
     "scale", "shift", "tanh", "rsqrt", "mean", "activation",
     "rms_norm", "rotary", "attention", "rms_linear",
-    "swiglu", "layer_norm"})
+    "swiglu", "layer_norm", "softcap"})
 ATTENTION_ATTRS = {"scale", "softcap", "window"}
 
 
@@ -100,7 +106,7 @@ class _Emitter:
         self._shared: dict[str, str] = {}  # per-step values every layer reuses
         self.weight_shapes: dict[str, tuple[int, ...]] = {}  # each weight's value name -> its shape
         self.lead_source = "tokens"
-        self._flat: dict[str, tuple[str, int]] = {}  # a per-head value not yet reshaped -> (its flat value, heads)
+        self._flat: dict[str, tuple[str, int, int]] = {}  # a per-head value not yet reshaped -> (flat, heads, width)
         self._appended: dict[str, tuple[str, str]] = {}  # gqa: a cache's output -> (the cache, the flat new values)
         self._residuals: set[str] = set()  # sums of the residual stream, in the run dtype
         self.blocks: dict[str, BlockWeight] = {}  # a weight's name -> its blocks, for a matrix in blocks
@@ -341,6 +347,13 @@ class _Emitter:
         return self.out(op, self.node("Add", [x, self.constant(op.attrs["amount"], self.types[op.inputs[0]].dtype)],
                                       "shifted"))
 
+    def op_softcap(self, op: Op, x: str) -> str:
+        """cap * tanh(x / cap), each step rounded: a division by cap, where the decomposition's factor 1 / cap
+        would be rounded to the run dtype first (0.2% off in bfloat16 for a cap of 3)."""
+        cap = self.constant(op.attrs["cap"], self.types[op.inputs[0]].dtype)
+        bent = self.out(op, self.node("Tanh", [self.out(op, self.node("Div", [x, cap], "cap_in"))], "cap_tanh"))
+        return self.out(op, self.node("Mul", [bent, cap], "capped"))
+
     def op_tanh(self, op: Op, x: str) -> str:
         return self.out(op, self.node("Tanh", [x], "tanh"))
 
@@ -396,10 +409,18 @@ class _Emitter:
             rows = self.node("Add", [rows, self.node("Unsqueeze", [mins, self.ints(-1)], "x_mins_b")], "x_with_mins")
         return self.node("Reshape", [rows, self.ints(0, 0, w.k)], "x")
 
-    def _group_query_attention(self, q: str, cache_k: str, cache_v: str) -> str:
+    def _group_query_attention(self, op: Op, q: str, cache_k: str, cache_v: str) -> str:
         """com.microsoft GroupQueryAttention: appends the new keys and values to each bound cache row at its
-        length (its positions[0]) in place, and attends over the valid length only."""
+        length (its positions[0]) in place, and attends over the valid length only. Its softcap bends the
+        scaled scores before the softmax, as the Program's does; its local_window_size W, in ONNX Runtime
+        1.32's CPU kernel, is the Program's window: W keys, the query's own included (older sources kept
+        W + 1; tests/backends/onnx pins it)."""
         spec = self.spec
+        attrs = {"scale": op.attrs["scale"]}
+        if "softcap" in op.attrs:
+            attrs["softcap"] = op.attrs["softcap"]
+        if "window" in op.attrs:
+            attrs["local_window_size"] = op.attrs["window"]
         (past_k, k), (past_v, v) = self._appended.pop(cache_k), self._appended.pop(cache_v)
         seqlens, total = self._gqa_lengths()
         qkv, rotary = [self.flat(q), k, v], {}
@@ -411,12 +432,13 @@ class _Emitter:
             "GroupQueryAttention", [*qkv, past_k, past_v, seqlens, total,
                                     *([self._shared["cos_half"], self._shared["sin_half"]] if packed else [])],
             [out, cache_k, cache_v], name=out, domain="com.microsoft", num_heads=spec.num_heads,
-            kv_num_heads=spec.num_kv_heads, scale=1 / math.sqrt(spec.head_dim), **rotary))
+            kv_num_heads=spec.num_kv_heads, **attrs, **rotary))
         return self.rounded(out)
 
     def _packed_rotary(self, q: str, k: str, v: str) -> str | None:
         """The fused q/k/v product, where q and k are only its parts rotated at ``positions`` and v its
-        last part (no q/k norm, nothing else reads them): the Split and both rotations are taken out."""
+        last part (no q/k norm, nothing else reads them): the Split and both rotations are taken out.
+        The kernel rotates whole heads: with partial rotary, q and k are concatenations, and nothing matches."""
         made = {out: node for node in self.nodes for out in node.output}
         rot_q, rot_k, split = made.get(q), made.get(k), made.get(v)
         if not (rot_q and rot_k and split and split.op_type == "Split" and self.compute == self.act
@@ -431,18 +453,18 @@ class _Emitter:
         return split.input[0]
 
     # -- per-head values kept flat ----------------------------------------------------------------
-    def flat_heads(self, flat: str, heads: int) -> str:
-        """A name for ``flat`` [R, T, heads * D] seen as [R, T, heads, D]; no node until ``heads`` asks."""
+    def flat_heads(self, flat: str, heads: int, width: int) -> str:
+        """A name for ``flat`` [R, T, heads * width] seen as [R, T, heads, width]; no node until ``heads`` asks."""
         name = self.fresh(f"{flat}_heads")
-        self._flat[name] = (flat, heads)
+        self._flat[name] = (flat, heads, width)
         return name
 
     def heads(self, x: str) -> str:
         """``x`` as [R, T, heads, D] (the reshape emitted once, where first needed)."""
         if x not in self._flat:
             return x
-        flat, heads = self._flat[x]
-        return self._once(f"heads:{x}", lambda: self._reshape_to(x, flat, heads))
+        flat, heads, width = self._flat[x]
+        return self._once(f"heads:{x}", lambda: self._reshape_to(x, flat, heads, width))
 
     def flat(self, x: str) -> str:
         """``x`` as [R, T, heads * D]."""
@@ -450,9 +472,8 @@ class _Emitter:
             return self._flat[x][0]
         return self.node("Reshape", [x, self.ints(0, 0, -1)], "flat")
 
-    def _reshape_to(self, name: str, flat: str, heads: int) -> str:
-        self.nodes.append(helper.make_node("Reshape", [flat, self.ints(0, 0, heads, self.spec.head_dim)], [name],
-                                           name=name))
+    def _reshape_to(self, name: str, flat: str, heads: int, width: int) -> str:
+        self.nodes.append(helper.make_node("Reshape", [flat, self.ints(0, 0, heads, width)], [name], name=name))
         return name
 
     # -- per-step values, built once and shared by every layer ----------------------------------
@@ -489,14 +510,25 @@ class _Emitter:
             return self.cast(last, "i32", "seqlens_k"), self.cast(longest, "i32", "total_len")
         return self._once("gqa_lengths", build)
 
-    def _visible(self, group: int) -> str:
-        """[R, 1, G * T, P] bool: cache position p is visible to the query at (g, t) when p <= positions[t]."""
-        def build() -> str:
+    def _visible(self, group: int, window: int | None) -> str:
+        """[R, 1, G * T, P] bool: cache position p is visible to the query at (g, t) when p <= positions[t]
+        (and, with a window W, p > positions[t] - W)."""
+        def keys() -> str:
             length = self.node("Shape", ["cache_k.0"], "cache_len", start=2, end=3)
-            p = self.node("Range", [self._zero(), self.node("Squeeze", [length], "p_len"), self._one()], "p")
+            return self.node("Range", [self._zero(), self.node("Squeeze", [length], "p_len"), self._one()], "p")
+
+        def queries() -> str:
             q = self.node("Tile", ["positions", self.ints(1, group)], "q_pos")  # [R, G * T], g-major as the queries
-            return self.node("LessOrEqual", [p, self.node("Unsqueeze", [q, self.ints(1, 3)], "q_b")], "visible")
-        return self._once("visible", build)
+            return self.node("Unsqueeze", [q, self.ints(1, 3)], "q_b")
+
+        def build() -> str:
+            p, q = self._once("key_positions", keys), self._once("query_positions", queries)
+            causal = self.node("LessOrEqual", [p, q], "visible")
+            if window is None:
+                return causal
+            first = self.node("Sub", [q, self.const("window", np.array(window, np.int64))], "window_start")
+            return self.node("And", [causal, self.node("Greater", [p, first], "in_window")], "visible_window")
+        return self._once(f"visible:{window}", build)
 
     def _zero(self) -> str:
         return self._once("zero", lambda: self.const("zero", np.array(0, dtype=np.int64)))
@@ -512,9 +544,6 @@ class _Emitter:
         source = self.lead_source
         return self._once(f"lead:{source}", lambda: self.node("Shape", [source], "lead"))
 
-    def _heads(self, op: Op) -> int:
-        return self.spec.num_heads if op.outs[0].startswith("q") else self.spec.num_kv_heads
-
     def _width(self, w: str, in_axis: bool = False) -> int:
         return self.weight_shapes[w][1 if in_axis else 0]
 
@@ -526,6 +555,8 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
     ``weight_shapes`` are the weight plan's arrays' shapes by name; rope tables cover ``rope_positions``.
     Returns the model and, per initializer name of a weight, the weight plan's name.
     """
+    program = lower(program, NATIVE_OPS)
+    typed = infer_types(program)  # each section's values
     spec = program.spec
     e = _Emitter(program, options)
     weights: dict[str, str] = {}  # initializer name -> plan name
@@ -570,8 +601,8 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
     rope = _rope_initializers(program, rope_positions, e)
 
     env = {n: n for n in ("tokens", "positions", "rows", "select", "rope_cos", "rope_sin")}
-    e.emit_section(program.embed, env, weight)
-    x = env["x"]
+    e.emit_section(program.embed, typed["embed"], env, weight)
+    x = env[program.embed.results[0]]
     for i in range(spec.num_layers):
         names = {kind: f"cache_{kind}.{i}" for kind in "kv"}
         for kind in "kv":
@@ -579,14 +610,16 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
             inputs.append(helper.make_tensor_value_info(names[kind], cache_type, cache_shape))
             outputs.append(helper.make_tensor_value_info(f"{names[kind]}.out", cache_type, cache_shape))
         layer_env = {**env, "x": x, "cache_k": names["k"], "cache_v": names["v"]}
-        e.emit_section(program.layer, layer_env, lambda n, i=i: weight(f"layers.{i}.{n}"))
-        x = layer_env["x_out"]
+        section = program.layer_section(i)
+        e.emit_section(section, typed[layer_section_name(program, program.layer_kinds[i])], layer_env,
+                       lambda n, i=i: weight(f"layers.{i}.{n}"))
+        x = layer_env[section.results[0]]
     head_weights = (lambda n: weight("embed" if n == "lm_head" else n)) if spec.tie_word_embeddings else weight
     head_env = {**env, "x": x}
     e.lead_source = "select"
-    e.emit_section(program.head, head_env, head_weights)
+    e.emit_section(program.head, typed["head"], head_env, head_weights)
     last = e.nodes[-1]  # the head's last node makes the logits: it names them as the graph's output (no copy)
-    assert last.output[0] == head_env["logits"]
+    assert last.output[0] == head_env[program.head.results[0]]
     last.output[0] = "logits"
     e.nodes.append(helper.make_node("ArgMax", ["logits"], ["next_ids"], axis=-1, keepdims=0))
 
@@ -607,16 +640,15 @@ def _declared(name: str, data_type: int, shape: tuple[int, ...]) -> onnx.TensorP
 
 
 def _rope_initializers(program: Program, positions: int, e: _Emitter) -> list[onnx.TensorProto]:
-    """The rotary tables: the Program's f32 [positions, D] tables (plain), or the half tables in the
-    compute dtype, rounded to the run dtype, that com.microsoft RotaryEmbedding takes (ort)."""
-    from linnet.dtypes import DTYPES
+    """The rotary tables: the Program's f32 [positions, ROTARY_DIM] tables (plain), or the half tables in
+    the compute dtype, rounded to the run dtype, that com.microsoft RotaryEmbedding takes (ort)."""
     from linnet.rope import rope_tables
 
     cos, sin = rope_tables(program.spec, positions)
     if not e.contrib:
         e._names.update({"rope_cos", "rope_sin"})
         return [onnx.numpy_helper.from_array(cos, "rope_cos"), onnx.numpy_helper.from_array(sin, "rope_sin")]
-    half, tables = program.spec.head_dim // 2, []
+    half, tables = program.spec.rotary_dim // 2, []
     for name, table in (("cos_half", cos), ("sin_half", sin)):
         rounded = table[:, :half].astype(DTYPES[program.dtype].numpy).astype(DTYPES[e.compute].numpy)
         tables.append(onnx.numpy_helper.from_array(np.ascontiguousarray(rounded), f"rope_{name}"))

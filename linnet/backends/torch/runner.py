@@ -307,7 +307,7 @@ def _prepack_products(model: torch.nn.Module, program: Program, rows: int, keep_
     def products(section) -> set[str]:
         return {op.inputs[1].removeprefix("w.") for op in section.ops if op.kind in ("linear", "rms_linear")}
 
-    owners = [(block, name) for block in model.layers for name in products(program.layer)]
+    owners = [(block, name) for i, block in enumerate(model.layers) for name in products(program.layer_section(i))]
     owners += [(model, name) for name in products(program.head)]
     packed = False
     for owner, name in owners:

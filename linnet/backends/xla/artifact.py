@@ -41,7 +41,7 @@ def load(rows: int = 1, positions: int = {positions}):
     weights = {{name: jnp.asarray(a) for name, a in stored.items() if not name.startswith("layers.")}}
     weights["layers"] = [{{name.removeprefix("layers."): jnp.asarray(a[i])
                           for name, a in stored.items() if name.startswith("layers.")}} for i in range(LAYERS)]
-    rope = load_file(HERE / "rope.safetensors")  # float32 [positions, HEAD_DIM]
+    rope = load_file(HERE / "rope.safetensors")  # float32 [positions, ROTARY_DIM]
     shape, dtype = (rows, KV_HEADS, positions, HEAD_DIM), weights["embed"].dtype
     caches = [[jnp.zeros(shape, dtype) for _ in range(LAYERS)] for _ in "kv"]
     jitted = jax.jit(step, donate_argnames=("cache_k", "cache_v"))

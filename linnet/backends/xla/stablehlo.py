@@ -3,17 +3,29 @@
 One module is one step of fixed shape (decode: every cache row, one token; prefill: one row, a padded
 chunk), its entry point ``main``. The calling convention (``arguments``) is the Program's step with the
 layers unrolled: ``tokens, positions, rows, select`` (i32), each layer's ``cache_k.<i>`` then each
-``cache_v.<i>`` [ROWS, KV_HEADS, P, HEAD_DIM], ``rope_cos, rope_sin`` [P, HEAD_DIM] f32, then the weights
+``cache_v.<i>`` [ROWS, KV_HEADS, P, HEAD_DIM], ``rope_cos, rope_sin`` [P, ROTARY_DIM] f32, then the weights
 by name in the program's layout (``linnet.weight_plan``); results: logits [R, S, VOCAB] f32 and the
 caches in argument order, each cache result aliasing its argument (the caller donates the caches and
 XLA writes them in place). Every op carries its source location: the section, layer and Program op it
-lowers, and its own value's name, which XLA's errors name.
+lowers, and its own value's name, which XLA's errors name. Each layer is its kind's section
+(``Program.layer_section``), inlined.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from linnet.program import Op, Program, infer_types
+from linnet.errors import LinnetError
+from linnet.program import Op, Program, infer_types, layer_section_name, lower
+
+# The ops written as StableHLO; any other composite (layer_norm) reaches the emitter as its decomposition.
+NATIVE_OPS = frozenset({
+    "embedding", "linear", "split", "concat", "split_heads", "cache_write", "select", "cast", "add", "sub", "mul",
+    "scale", "shift", "tanh", "rsqrt", "mean", "activation",  # primitives
+    "rms_norm", "rotary", "attention", "rms_linear",  # kernels
+    "swiglu", "softcap", "norm_linear",  # composites with a form shorter than their decompositions
+})
+_ATTENTION_ATTRS = {"scale", "softcap", "window"}
 
 _TYPES = {"f32": "f32", "f16": "f16", "bf16": "bf16", "i32": "i32", "i1": "i1"}
 
@@ -52,7 +64,7 @@ def arguments(program: Program, sizes: Sizes) -> list[tuple[str, tuple[int, ...]
             ("rows", (sizes.R,), "i32"), ("select", (sizes.R, sizes.S), "i32")]
     args += [(f"cache_k.{i}", cache, act) for i in range(spec.num_layers)]
     args += [(f"cache_v.{i}", cache, act) for i in range(spec.num_layers)]
-    args += [(f"rope_{t}", (sizes.P, spec.head_dim), "f32") for t in ("cos", "sin")]
+    args += [(f"rope_{t}", (sizes.P, spec.rotary_dim), "f32") for t in ("cos", "sin")]
     return args + [(name, shape, act) for name, shape in weight_shapes(program)]
 
 
@@ -62,20 +74,21 @@ def weight_shapes(program: Program) -> list[tuple[str, tuple[int, ...]]]:
     top = sorted({n[2:] for s in ("embed", "head") for n in types[s] if n.startswith("w.")})
     if program.spec.tie_word_embeddings:
         top.remove("lm_head")  # the head reads the embedding
-    per_layer = sorted(n[2:] for n in types["layer"] if n.startswith("w."))
 
     def shape(section: str, name: str) -> tuple[int, ...]:
         return tuple(types[section][f"w.{name}"].shape)
 
     out = [(n, shape("head" if f"w.{n}" in types["head"] else "embed", n)) for n in top]
-    for i in range(program.spec.num_layers):
-        out += [(f"layers.{i}.{n}", shape("layer", n)) for n in per_layer]
+    for i, kind in enumerate(program.layer_kinds):
+        section = layer_section_name(program, kind)
+        names = sorted(n[2:] for n in types[section] if n.startswith("w."))
+        out += [(f"layers.{i}.{n}", shape(section, n)) for n in names]
     return out
 
 
 def emit_module(program: Program, sizes: Sizes, name: str) -> str:
     """The module ``name`` with entry point ``main``: one step of the program at ``sizes``."""
-    return _Emitter(program, sizes).module(name)
+    return _Emitter(lower(program, NATIVE_OPS), sizes).module(name)
 
 
 class _Emitter:
@@ -96,7 +109,8 @@ class _Emitter:
         caches_k, caches_v = [], []
         for i in range(layers):
             params = {"x": x, "cache_k": args[f"cache_k.{i}"], "cache_v": args[f"cache_v.{i}"]}
-            x, k, v = self.section(f"layer {i}", program.layer, {**env, **params}, lambda w, i=i: args[f"layers.{i}.{w}"])
+            x, k, v = self.section(f"layer {i}", program.layer_section(i), {**env, **params},
+                                   lambda w, i=i: args[f"layers.{i}.{w}"])
             caches_k.append(k)
             caches_v.append(v)
         head_weight = (lambda w: args["embed" if w == "lm_head" else w]) if spec.tie_word_embeddings \
@@ -160,6 +174,11 @@ class _Emitter:
 
     def unary(self, kind: str, a: V) -> V:
         return self.emit(f"stablehlo.{kind} {a.name} : {a.type}", a.shape, a.dtype)
+
+    def compare(self, direction: str, a: V, b: V, kind: str) -> V:
+        """a DIRECTION b elementwise (``kind``: SIGNED, FLOAT), as i1."""
+        return self.emit(f"stablehlo.compare {direction}, {a.name}, {b.name}, {kind} : ({a.type}, {b.type}) -> "
+                         f"{tensor_type(a.shape, 'i1')}", a.shape, "i1")
 
     def convert(self, x: V, dtype: str) -> V:
         if x.dtype == dtype:
@@ -269,6 +288,9 @@ class _Emitter:
             f"    }}) : ({cache.type}, {indices.type}, {value.type}) -> {cache.type}", cache.shape, cache.dtype)
 
     def op_attention(self, op: Op, q: V, cache_k: V, cache_v: V, rows: V, positions: V) -> V:
+        unknown = sorted(set(op.attrs) - _ATTENTION_ATTRS)
+        if unknown:
+            raise LinnetError(f"the xla:stablehlo backend has no attention attribute {', '.join(unknown)} (op {op})")
         r, t, heads, d = q.shape
         kv, p = cache_k.shape[1], cache_k.shape[2]
         g = heads // kv
@@ -277,12 +299,16 @@ class _Emitter:
         grouped = self.convert(self.reshape(q, (r, t, kv, g, d)), "f32")
         shape = (r, kv, t, g, p)
         scores = self.dot(grouped, keys, ([0, 2], [0, 1]), ([4], [3]), shape, "f32")
-        scores = self.binary("multiply", scores, self.const(d**-0.5, "f32", shape))
+        scores = self.binary("multiply", scores, self.const(op.attrs["scale"], "f32", shape))
+        if "softcap" in op.attrs:
+            scores = self.softcap(scores, op.attrs["softcap"])
         key_positions = self.emit(f"stablehlo.iota dim = 0 : {tensor_type((p,), 'i32')}", (p,), "i32")
-        visible = self.emit(
-            f"stablehlo.compare LE, {self.broadcast(key_positions, shape, [4]).name}, "
-            f"{self.broadcast(positions, shape, [0, 2]).name}, SIGNED : ({tensor_type(shape, 'i32')}, "
-            f"{tensor_type(shape, 'i32')}) -> {tensor_type(shape, 'i1')}", shape, "i1")
+        key_positions = self.broadcast(key_positions, shape, [4])
+        query_positions = self.broadcast(positions, shape, [0, 2])
+        visible = self.compare("LE", key_positions, query_positions, "SIGNED")
+        if "window" in op.attrs:  # and p > t - window
+            oldest = self.binary("subtract", query_positions, self.const(op.attrs["window"], "i32", shape))
+            visible = self.binary("and", visible, self.compare("GT", key_positions, oldest, "SIGNED"))
         masked = self.emit(f"stablehlo.select {visible.name}, {scores.name}, "
                            f"{self.const(float('-inf'), 'f32', shape).name} : {visible.type}, {scores.type}",
                            shape, "f32")
@@ -298,7 +324,57 @@ class _Emitter:
         return self.binary("multiply", self.binary("multiply", gate, self.unary("logistic", gate)), up)
 
     def op_add(self, op: Op, a: V, b: V) -> V:
-        return self.binary("add", a, b)
+        return self.binary("add", a, self.trailing(b, a.shape))
+
+    def op_sub(self, op: Op, a: V, b: V) -> V:
+        return self.binary("subtract", a, self.trailing(b, a.shape))
+
+    def op_mul(self, op: Op, a: V, b: V) -> V:
+        return self.binary("multiply", a, self.trailing(b, a.shape))
+
+    def op_scale(self, op: Op, x: V) -> V:
+        return self.binary("multiply", x, self.const(op.attrs["factor"], x.dtype, x.shape))
+
+    def op_shift(self, op: Op, x: V) -> V:
+        return self.binary("add", x, self.const(op.attrs["amount"], x.dtype, x.shape))
+
+    def op_tanh(self, op: Op, x: V) -> V:
+        return self.unary("tanh", x)
+
+    def op_rsqrt(self, op: Op, x: V) -> V:
+        return self.unary("rsqrt", x)
+
+    def op_mean(self, op: Op, x: V) -> V:
+        total = self.reduce("add", x, 0.0)
+        mean = self.binary("divide", total, self.const(x.shape[-1], x.dtype, total.shape))
+        return self.reshape(mean, (*x.shape[:-1], 1))
+
+    def op_concat(self, op: Op, *parts: V) -> V:
+        return self.concat_last(list(parts))
+
+    def softcap(self, x: V, cap: float) -> V:
+        c = self.const(cap, x.dtype, x.shape)
+        return self.binary("multiply", c, self.unary("tanh", self.binary("divide", x, c)))
+
+    def op_softcap(self, op: Op, x: V) -> V:
+        return self.softcap(x, op.attrs["cap"])
+
+    def op_activation(self, op: Op, x: V) -> V:
+        fn = op.attrs["fn"]
+        if fn == "silu":
+            return self.binary("multiply", x, self.unary("logistic", x))
+        half_x = self.binary("multiply", self.const(0.5, x.dtype, x.shape), x)
+        if fn == "gelu":  # x * Phi(x) = x / 2 * (1 + erf(x / sqrt 2)); erf is CHLO's, which XLA expands
+            inner = self.binary("divide", x, self.const(math.sqrt(2.0), x.dtype, x.shape))
+            bent = self.emit(f"chlo.erf {inner.name} : {inner.type} -> {inner.type}", x.shape, x.dtype)
+        elif fn == "gelu_tanh":
+            cube = self.binary("multiply", self.binary("multiply", x, x), x)
+            inner = self.binary("add", x, self.binary("multiply", self.const(0.044715, x.dtype, x.shape), cube))
+            scaled = self.binary("multiply", self.const(math.sqrt(2 / math.pi), x.dtype, x.shape), inner)
+            bent = self.unary("tanh", scaled)
+        else:
+            raise LinnetError(f"the xla:stablehlo backend has no activation {fn!r} (op {op})")
+        return self.binary("multiply", half_x, self.binary("add", self.const(1.0, x.dtype, x.shape), bent))
 
     def op_embedding(self, op: Op, tokens: V, table: V) -> V:
         return self.gather_rows(table, tokens)

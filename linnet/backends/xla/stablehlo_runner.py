@@ -46,7 +46,7 @@ def _where(message: str, text: str) -> str:
     if not found:
         return f": {message.strip().splitlines()[0]}"
     line = next((line for line in text.splitlines() if f'loc("{found[1]}")' in line), "")
-    op = re.search(r'= "?(stablehlo\.\w+)', line)
+    op = re.search(r'= "?((?:stablehlo|chlo)\.\w+)', line)
     return f" at {op[1] if op else 'an op'} ({found[1]}): {found[2]}"
 
 

@@ -12,11 +12,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from checkpoints import CASE_IDS
+from checkpoints import CASE_IDS, FAMILY_CASES
+from onnx import TensorProto, helper
 
 from linnet.backends import CacheShape, Decode, Prefill, create_runner
 from linnet.backends.onnx import runner as onnx_runner
-from linnet.backends.onnx.graph import GraphOptions
+from linnet.backends.onnx.export import onnx_program, planned_arrays
+from linnet.backends.onnx.graph import GraphOptions, build_graph
 from linnet.backends.registry import get_backend
 from linnet.cli import main
 from linnet.errors import LinnetError
@@ -59,6 +61,58 @@ def test_compiled_files_pass_the_full_check_and_run_in_a_plain_session(checkpoin
         assert np.abs(caches[0][1, :, :len(tokens)]).max() > 0 and not caches[0][0].any()  # row 1 written, row 0 not
 
 
+@pytest.mark.parametrize("case", [c.id for c in FAMILY_CASES])
+def test_every_familys_plain_graph_passes_the_full_check_and_gives_the_references_logits(checkpoint_dir, tmp_path,
+                                                                                      case):
+    """The plain graph (standard operators only: layer kinds, windows, softcaps, LayerNorms, GELUs, partial
+    rotary) in a plain session; the ort graph is the conformance suite's."""
+    out = tmp_path / "onnx"
+    assert main(["compile", str(checkpoint_dir(case)), "--target", "onnx", "-o", str(out)]) == 0
+    onnx.checker.check_model(str(out / "model.onnx"), full_check=True)
+    model = open_model(str(checkpoint_dir(case)))
+    tokens = [5, 17, 101, 42, 250, 7, 9, 33, 61]  # past the windows (5, 6)
+    want = create_runner("reference:numpy", model.weights, CacheShape(2, 15)).prefill(1, tokens, all_logits=True)
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    logits = session.run(["logits"], step_feeds(model.spec, tokens))[0]
+    assert np.abs(logits[0] - want).max() <= 1e-4
+
+
+def test_an_attention_attr_the_emitter_does_not_know_is_an_error_naming_it(checkpoint_dir):
+    weights = open_model(str(checkpoint_dir(CASE))).weights
+    program = onnx_program(weights.spec, "f32")
+    shapes = {name: array.shape for name, array in planned_arrays(weights, program).items()}
+    layer = program.layer
+    ops = tuple(replace(op, attrs={**op.attrs, "sinks": 4}) if op.kind == "attention" else op for op in layer.ops)
+    program = replace(program, kinds={kind: replace(layer, ops=ops) for kind in program.kinds})
+    with pytest.raises(LinnetError, match="attention's sinks"):
+        build_graph(program, shapes, 16, GraphOptions("plain"))
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_group_query_attentions_local_window_size_counts_the_query(window):
+    """ONNX Runtime 1.32's CPU kernel sees ``local_window_size`` keys, the query's own included: the Program's
+    window as it is (older sources kept one more). With equal scores, each query's output is the mean of
+    the values it sees, here their positions."""
+    t, d = 8, 8
+    node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "past", "past", "seqlens", "total"],
+                            ["out", "present_k", "present_v"], domain="com.microsoft", num_heads=1, kv_num_heads=1,
+                            local_window_size=window)
+    info = helper.make_tensor_value_info
+    inputs = [info(n, TensorProto.FLOAT, [1, t, d]) for n in "qkv"] + [
+        info("past", TensorProto.FLOAT, [1, 1, t, d]), info("seqlens", TensorProto.INT32, [1]),
+        info("total", TensorProto.INT32, [])]
+    graph = helper.make_graph([node], "g", inputs, [info("out", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 9
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    zeros, positions = np.zeros((1, t, d), np.float32), np.arange(t, dtype=np.float32)
+    out = session.run(None, {"q": zeros, "k": zeros, "v": np.broadcast_to(positions[None, :, None], (1, t, d)).copy(),
+                             "past": np.zeros((1, 1, t, d), np.float32), "seqlens": np.array([t - 1], np.int32),
+                             "total": np.array(t, np.int32)})[0]
+    seen = [positions[max(0, p - window + 1):p + 1].mean() for p in range(t)]
+    assert np.allclose(out[0, :, 0], seen)
+
+
 def test_a_missing_kernel_is_named_at_load(checkpoint_dir, monkeypatch):
     # A true bfloat16 graph on the CPU provider, which has no bfloat16 Gemm (the backend's own CPU graph
     # holds bfloat16 values in float32 for this reason): the load names the op and what runs instead.
@@ -99,7 +153,9 @@ def test_a_greedy_step_brings_back_ids_from_the_graph(checkpoint_dir):
     assert (out.ids == out.host_logits().argmax(-1)).all()  # the graph's ArgMax, not the host's
 
 
-@pytest.mark.parametrize("case", ["llama-gqa3", "qwen3-gqa3"])  # q/k/v packed into the kernel; q/k norm before it
+# q/k/v packed into the kernel; q/k norm before it; softcap and window (local_window_size) on one layer kind
+# of two; partial rotary (rotated apart from the kernel)
+@pytest.mark.parametrize("case", ["llama-gqa3", "qwen3-gqa3", "gemma2-softcap-window6", "phi3-partial"])
 def test_group_query_attention_over_windows_of_rows_gives_the_general_graphs_logits(checkpoint_dir, case,
                                                                                     monkeypatch):
     weights = open_model(str(checkpoint_dir(case))).weights

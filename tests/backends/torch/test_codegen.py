@@ -120,3 +120,61 @@ def test_onednn_product_widens_16_bit_weights_safely_across_threads():
     for t in threads:
         t.join()
     assert len(errors) == 800 and max(errors) < 1e-4
+
+
+def test_every_op_is_emitted_natively_or_through_its_decomposition():
+    from linnet.backends.torch.codegen import NATIVE_OPS
+    from linnet.program.ops import uncovered
+
+    assert uncovered(set(NATIVE_OPS)) == []
+
+
+def test_each_layer_kind_gets_its_function_and_its_mask(checkpoint_dir):
+    """Gemma 2: sliding and full layers in turn, each kind one function, the sliding one given the windowed
+    mask; the attention's scale and softcap are the program's."""
+    source = generate_source(torch_program(open_model(str(checkpoint_dir("gemma2-softcap-window6"))).spec))
+    assert 'LAYER_KINDS = ("sliding", "full")' in source
+    assert "def layer_sliding(" in source and "def layer_full(" in source and "def layer(" not in source
+    assert "window6_mask = mask & (keys > positions[..., None] - 6)[:, None]" in source
+    assert 'kinds = {"sliding": (layer_sliding, window6_mask), "full": (layer_full, mask)}' in source
+    assert "rows, mask, 0.2041241452319315, softcap=2.0)" in source
+
+
+def test_an_attention_attr_the_emitter_does_not_know_is_an_error():
+    from dataclasses import replace
+
+    from linnet.errors import LinnetError
+
+    program = torch_program(spec_from_hf_config(SPECS["llama3_tiny"]))
+    ops = tuple(replace(op, attrs={**op.attrs, "alibi": True}) if op.kind == "attention" else op
+                for op in program.layer.ops)
+    with pytest.raises(LinnetError, match="alibi"):
+        generate_source(replace(program, kinds={"full": replace(program.layer, ops=ops)}))
+
+
+@pytest.mark.parametrize("case", ["gemma2-softcap-window6", "gptneox-parallel"])
+def test_decomposed_composites_give_the_native_ones_logits(checkpoint_dir, case):
+    """The primitives the composites decompose into (LayerNorm's mean, sub, rsqrt, shift; softcap's scale
+    and tanh; swiglu's activation and mul), emitted in place of the native forms."""
+    import torch
+
+    from linnet.backends.torch.codegen import NATIVE_OPS
+    from linnet.backends.torch.runner import load_generated_module, torch_weights
+    from linnet.program import lower
+    from linnet.rope import rope_tables
+
+    weights = open_model(str(checkpoint_dir(case))).weights
+    program = torch_program(weights.spec)
+    primitive = lower(program, NATIVE_OPS - {"layer_norm", "softcap", "swiglu"})
+    tokens = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 4]])
+    positions = torch.arange(8)[None]
+    logits = []
+    for p in (program, primitive):
+        cos, sin = rope_tables(weights.spec, 16)
+        model = load_generated_module(generate_source(p)).Model(
+            torch_weights(weights, p), torch.from_numpy(cos), torch.from_numpy(sin), 1, torch.float32)
+        with torch.inference_mode():
+            logits.append(model(tokens, positions, torch.tensor([0])))
+    kinds = [{op.kind for section in q.sections().values() for op in section.ops} for q in (program, primitive)]
+    assert kinds[0] & {"layer_norm", "softcap", "swiglu"} and not kinds[1] & {"layer_norm", "softcap", "swiglu"}
+    torch.testing.assert_close(logits[1], logits[0], rtol=0, atol=1e-5)

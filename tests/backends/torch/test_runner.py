@@ -53,8 +53,8 @@ def test_idle_rows_do_not_widen_eager_attention(weights, monkeypatch):
     first = runner.step(prefill=[Prefill(0, [5, 6, 7])])[0].token
     module, seen = sys.modules[type(runner.model).__module__], []  # the generated source's module
     attention = module.attention
-    monkeypatch.setattr(module, "attention", lambda q, k, v, rows, mask: seen.append(mask.shape[-1]) or
-                        attention(q, k, v, rows, mask))
+    monkeypatch.setattr(module, "attention", lambda q, k, v, rows, mask, *attrs, **named:
+                        seen.append(mask.shape[-1]) or attention(q, k, v, rows, mask, *attrs, **named))
     runner.step(decode=[Decode(0, first), Decode(2, first)])  # padded to 4 rows with rows 1 and 3
     assert set(seen) == {4}  # row 0 at position 3, row 2 at 0: four keys in every layer
 

@@ -1,11 +1,14 @@
 """Linnet's own StableHLO: weights are arguments, never constants, and a module XLA rejects is an error that
-names the module's entry point and the op (with the Program op it lowers)."""
+names the module's entry point and the op (with the Program op it lowers); an attribute neither XLA emitter
+knows is an error, never ignored."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
+from linnet.backends.xla.codegen import generate_source
 from linnet.backends.xla.layout import xla_program
 from linnet.backends.xla.stablehlo import Sizes, emit_module
 from linnet.backends.xla.stablehlo_runner import compile_module
@@ -34,3 +37,18 @@ def test_a_module_xla_rejects_names_the_entry_point_and_the_op():
     with pytest.raises(LinnetError, match=r"^XLA rejected the StableHLO module 'decode' at stablehlo\.dot_general "
                                           r"\(layer 0: qkv = rms_linear \(%v\d+\)\): contracting dimension sizes must match"):
         compile_module(broken, "decode")
+
+
+def with_attention_attr(program, **attrs):
+    """``program`` with extra attrs on its attention op."""
+    layer = program.layer
+    ops = tuple(replace(op, attrs={**op.attrs, **attrs}) if op.kind == "attention" else op for op in layer.ops)
+    return replace(program, kinds={kind: replace(layer, ops=ops) for kind in program.kinds})
+
+
+def test_an_attention_attribute_the_emitters_do_not_know_is_an_error_naming_it():
+    program = with_attention_attr(xla_program(SPEC), sink=True)
+    with pytest.raises(LinnetError, match="xla:stablehlo backend has no attention attribute sink"):
+        emit_module(program, DECODE, "decode")
+    with pytest.raises(LinnetError, match="xla:jax backend has no attention attribute sink"):
+        generate_source(program)

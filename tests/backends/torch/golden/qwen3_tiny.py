@@ -15,7 +15,7 @@ attends causally over the row (positions a row has not written are masked out), 
 are one function. It attends over `key_positions`' length: eager, up to the step's last position; a
 compiled step takes them as an input of any length (Linnet's runner passes the positions up to the step's
 last), so that its attention too reads only what the rows hold. The rotary tables are given to `Model`
-(float32 [positions, HEAD_DIM], as Linnet's `linnet.rope.rope_tables` computes them).
+(float32 [positions, rotary dims], as Linnet's `linnet.rope.rope_tables` computes them).
 """
 import torch
 import torch.nn.functional as F
@@ -133,11 +133,11 @@ def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x * cos + rotate_half(x) * sin, rotate_half(x) being (-x2, x1). The halves are swapped by a flip,
-    which inductor folds into the loops that read x; a torch.cat would be copies of their own, each a
-    single-threaded pass and a barrier in the compiled step."""
+    """x * cos + rotate_half(x) * sin, rotate_half(x) being (-x2, x1), over x's width (the tables'). The
+    halves are swapped by a flip, which inductor folds into the loops that read x; a torch.cat would be
+    copies of their own, each a single-threaded pass and a barrier in the compiled step."""
     sign = torch.tensor([-1.0, 1.0], dtype=x.dtype, device=x.device)[:, None]
-    rotated = (x.unflatten(-1, (2, HEAD_DIM // 2)).flip(-2) * sign).flatten(-2)
+    rotated = (x.unflatten(-1, (2, -1)).flip(-2) * sign).flatten(-2)
     return x * cos + rotated * sin
 
 
@@ -159,8 +159,9 @@ def row_window(rows: torch.Tensor) -> torch.Tensor | slice:
     return slice(first, first + rows.shape[0]) if consecutive else rows
 
 
-def attention(q, cache_k, cache_v, rows, mask) -> torch.Tensor:
-    """q [R, T, HEADS, D] against the rows' cache up to mask's length, causally: mask [R, 1, T, keys]."""
+def attention(q, cache_k, cache_v, rows, mask, scale: float, softcap: float | None = None) -> torch.Tensor:
+    """q [R, T, HEADS, D] against the rows' cache up to mask's length: mask [R, 1, T, keys] (causal, and
+    windowed for a sliding layer). Scores are q . k * scale, with a softcap c then c * tanh(scores / c)."""
     span = mask.shape[-1]
     if torch.compiler.is_compiling():  # an exported step's span is symbolic: gathered (and fused into the
         within = torch.arange(span, device=q.device)  # loops that read it), as a view it would be fixed
@@ -168,21 +169,34 @@ def attention(q, cache_k, cache_v, rows, mask) -> torch.Tensor:
     else:
         keys, values = cache_k[rows, :, :span], cache_v[rows, :, :span]
     if compiled_decode(q):
-        return decode_attention(q, keys, values, mask)
-    if q.shape[1] == 1:  # one query a row: a key head's group of query heads are the rows of one product
-        groups = HEADS // KV_HEADS
-        scores = (q.view(q.shape[0], KV_HEADS, groups, HEAD_DIM) * HEAD_DIM**-0.5) @ keys.transpose(-1, -2)
-        scores = scores.masked_fill(~mask, float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
-        return (scores @ values).view(q.shape[0], 1, HEADS * HEAD_DIM)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True)
+        return decode_attention(q, keys, values, mask, scale, softcap)
+    if q.shape[1] == 1 or softcap is not None:  # SDPA has no softcap
+        return grouped_attention(q, keys, values, mask, scale, softcap)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, scale=scale,
+                                         enable_gqa=True)
     return out.transpose(1, 2).flatten(2)
 
 
-def decode_attention(q, keys, values, mask) -> torch.Tensor:
+def capped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    return scores if softcap is None else softcap * torch.tanh(scores.float() / softcap)
+
+
+def grouped_attention(q, keys, values, mask, scale: float, softcap: float | None) -> torch.Tensor:
+    """Attention as two products per key head, whose group of query heads (times the tokens) are the rows
+    of one product: for one query a row (eager decode), and for a softcap."""
+    rows, tokens, groups = q.shape[0], q.shape[1], HEADS // KV_HEADS
+    q = q.view(rows, tokens, KV_HEADS, groups, HEAD_DIM).permute(0, 2, 3, 1, 4).reshape(rows, KV_HEADS, -1, HEAD_DIM)
+    scores = capped((q * scale) @ keys.transpose(-1, -2), softcap).unflatten(2, (groups, tokens))
+    scores = scores.masked_fill(~mask[:, :, None], float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
+    out = scores.flatten(2, 3) @ values  # [R, KV_HEADS, groups * T, HEAD_DIM]
+    return out.unflatten(2, (groups, tokens)).permute(0, 3, 1, 2, 4).reshape(rows, tokens, HEADS * HEAD_DIM)
+
+
+def decode_attention(q, keys, values, mask, scale: float, softcap: float | None) -> torch.Tensor:
     """One query per row as sums of products, which inductor fuses with the cache reads (no copies)."""
     rows, groups = q.shape[0], HEADS // KV_HEADS
-    q = q.view(rows, KV_HEADS, groups, 1, HEAD_DIM) * HEAD_DIM**-0.5
-    scores = (q * keys[:, :, None]).sum(-1)  # [R, KV_HEADS, groups, positions]
+    q = q.view(rows, KV_HEADS, groups, 1, HEAD_DIM) * scale
+    scores = capped((q * keys[:, :, None]).sum(-1), softcap)  # [R, KV_HEADS, groups, positions]
     scores = scores.masked_fill(~mask[:, :, 0, None], float("-inf")).softmax(-1, dtype=torch.float32)
     out = (scores[..., None] * values[:, :, None].float()).sum(-2)  # [R, KV_HEADS, groups, HEAD_DIM]
     return out.to(q.dtype).view(rows, 1, HEADS * HEAD_DIM)
@@ -213,7 +227,7 @@ def layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask):
     k_rot = rotary(k_normed, cos, sin)
     cache_k_out = cache_write(cache_k, rows, positions, k_rot)
     cache_v_out = cache_write(cache_v, rows, positions, v_heads)
-    attn = attention(q_rot, cache_k_out, cache_v_out, rows, mask)
+    attn = attention(q_rot, cache_k_out, cache_v_out, rows, mask, 0.1767766952966369)
     attn_out = linear(attn, w.o)
     x_attn = x + attn_out
     gate_up = rms_linear(x_attn, 1e-06, w.gate_up)
@@ -259,8 +273,8 @@ class Model(torch.nn.Module):
             keys, rows = keys[:self.key_span(positions)], row_window(rows)
         mask = (keys <= positions[..., None])[:, None]
         x = embedding(tokens, w.embed)
-        for w, cache_k, cache_v in zip(self.layers, self.cache_k, self.cache_v):
-            x, _, _ = layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask)  # caches written in place
+        for w, cache_k, cache_v in zip(self.layers, self.cache_k, self.cache_v):  # caches written in place
+            x, _, _ = layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask)
         w = self
         x_sel = select_tokens(x, select)
         logits_act = rms_linear(x_sel, 1e-06, w.lm_head)

@@ -18,7 +18,7 @@ function. Jit it with the caches donated and XLA updates them in place:
     step = jax.jit(step, donate_argnames=("cache_k", "cache_v"))
 
 It compiles once per shape of `tokens`/`select`. `sample` draws the next token on the device, so only
-the ids leave it. The rotary tables are float32 [POSITIONS, HEAD_DIM], as Linnet's
+the ids leave it. The rotary tables are float32 [POSITIONS, ROTARY_DIM], as Linnet's
 `linnet.rope.rope_tables` computes them.
 """
 import jax
@@ -60,8 +60,8 @@ def split_heads(x: jax.Array, heads: int) -> jax.Array:
 
 
 def rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x * cos + rotate_half(x) * sin, rotate_half(x) being (-x2, x1)."""
-    half = HEAD_DIM // 2
+    """x * cos + rotate_half(x) * sin, rotate_half(x) being (-x2, x1); x is as wide as the tables."""
+    half = x.shape[-1] // 2
     return x * cos + jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
 
 
@@ -70,14 +70,18 @@ def cache_write(cache: jax.Array, rows: jax.Array, positions: jax.Array, value: 
     return cache.at[rows[:, None], :, positions].set(value)
 
 
-def attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, rows: jax.Array, mask: jax.Array) -> jax.Array:
-    """q [R, T, HEADS, D] against the rows' cache, in float32; mask [R, T, POSITIONS]."""
+def attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, rows: jax.Array, mask: jax.Array, scale: float,
+              softcap: float | None = None) -> jax.Array:
+    """q [R, T, HEADS, D] against the rows' cache, in float32; mask [R, T, POSITIONS]. A softcap bends the
+    scores into (-softcap, softcap) before the mask."""
     r, t = q.shape[:2]
     keys, values = cache_k[rows].astype(jnp.float32), cache_v[rows].astype(jnp.float32)
     grouped = q.reshape(r, t, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM).astype(jnp.float32)
     # scores [R, KV_HEADS, T, GROUP, POSITIONS]: a product's own output order (batch, its rows, its
     # columns), which XLA computes without transposing the scores or the cached values
-    scores = jnp.einsum("rtkgd,rkpd->rktgp", grouped, keys) * HEAD_DIM**-0.5
+    scores = jnp.einsum("rtkgd,rkpd->rktgp", grouped, keys) * scale
+    if softcap is not None:
+        scores = softcap * jnp.tanh(scores / softcap)
     scores = jnp.where(mask[:, None, :, None, :], scores, -jnp.inf)
     out = jnp.einsum("rktgp,rkpd->rtkgd", jax.nn.softmax(scores, axis=-1), values)
     return out.astype(q.dtype).reshape(r, t, HEADS * HEAD_DIM)
@@ -108,7 +112,7 @@ def layer(x, w, cache_k, cache_v, cos, sin, rows, positions, mask):
     k_rot = rotary(k_normed, cos, sin)
     cache_k_out = cache_write(cache_k, rows, positions, k_rot)
     cache_v_out = cache_write(cache_v, rows, positions, v_heads)
-    attn = attention(q_rot, cache_k_out, cache_v_out, rows, mask)
+    attn = attention(q_rot, cache_k_out, cache_v_out, rows, mask, 0.1767766952966369)
     attn_out = linear(attn, w["o"])
     x_attn = x + attn_out
     gate_up = rms_linear(x_attn, 1e-06, w["gate_up"])
