@@ -243,7 +243,8 @@ def check_reads_back(spec: ModelSpec, back: ModelSpec, form: str, float32: bool 
     or an error naming each field that differs. Windows that hide nothing (max_positions or wider) count as
     full attention, and no attention scale as head_dim ** -0.5."""
     ours, theirs = _canonical(spec), _canonical(back)
-    differing = [f.name for f in fields(ours) if not _same(getattr(ours, f.name), getattr(theirs, f.name), float32)]
+    differing = [f.name for f in fields(ours)
+                 if not _same(getattr(ours, f.name), getattr(theirs, f.name), float32)]
     if differing:
         raise UnsupportedModel(f"{form} cannot express {spec.architecture}'s " + ", ".join(
             f"{name}={getattr(ours, name)!r} (it would read back as {getattr(theirs, name)!r})" for name in differing))

@@ -1,2 +1,2 @@
-"""GGUF in and out: ``reader.load_gguf`` (llama, qwen2, qwen3; quantised tensors dequantised) and
-``export.export_gguf`` (a file llama.cpp loads)."""
+"""GGUF in and out, for every architecture in the form llama.cpp's graph of its family reads:
+``reader.load_gguf`` (quantised tensors dequantised) and ``export.export_gguf`` (a file llama.cpp loads)."""

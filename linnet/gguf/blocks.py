@@ -1,9 +1,9 @@
 """A GGUF file's weights with its Q8_0, Q4_0, Q4_1, Q4_K and Q6_K tensors also as the file stores them.
 
 ``blocks`` maps canonical names to (form, block bytes): rows of the file's own bytes (packed tensors cut
-into their parts, interleaved-rope q and k rows put back in HF's order), for backends that compute on them (``linnet.quantize``). The float32
-arrays are dequantised (and cached) only when one of the quantised tensors is first read as floats, so
-a backend that runs the blocks never widens the file.
+into their parts, interleaved-rope q and k rows put back in HF's order), for backends that compute on
+them (``linnet.quantize``). The float32 arrays are dequantised (and cached) only when one of the
+quantised tensors is first read as floats, so a backend that runs the blocks never widens the file.
 """
 from __future__ import annotations
 

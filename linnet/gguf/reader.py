@@ -18,9 +18,9 @@ from gguf.quants import dequantize
 
 from linnet.arch import Packed, architecture_for_family, get_architecture
 from linnet.errors import UnsupportedModel, WeightError
+from linnet.files import naming
 from linnet.gguf import dequantise
 from linnet.gguf.blocks import GGUFWeights
-from linnet.files import naming
 from linnet.gguf.format import GGUFFile
 from linnet.gguf.rope import llama3_from_factors
 from linnet.gguf.tokenizer import tokenizer_from_gguf

@@ -71,10 +71,11 @@ PARAMS = [pytest.param(b, d, c, id=f"{b}-{d}-{c}", marks=[pytest.mark.slow] if s
 
 
 def tolerance(dtype: str, reference: np.ndarray) -> float:
-    # At least 5: a final softcap (Gemma 2's case caps at 3) keeps the logits small while the rounding
-    # comes from intermediates the size of uncapped logits; transformers' own bf16 run of that case is
-    # 0.14 from its f32 one.
-    return 1e-4 if dtype == "f32" else RELATIVE_TOLERANCE[dtype] * max(float(np.abs(reference).max()), 5.0)
+    # At least 6: a final softcap (Gemma 2's case caps at 3) keeps the logits small while the rounding
+    # comes from intermediates the size of uncapped logits. In bf16 that case's transformers run is 0.14
+    # from its own f32 run, Linnet's 0.16-0.19; from each other up to 0.27, since Gemma's norms multiply
+    # by 1 + w before rounding and the Program's rms_norm after (docs/PROGRAM.md).
+    return 1e-4 if dtype == "f32" else RELATIVE_TOLERANCE[dtype] * max(float(np.abs(reference).max()), 6.0)
 
 
 def prompt(n: int, seed: int = 0) -> list[int]:

@@ -1,10 +1,10 @@
 """GGUF cases: the shared checkpoints llama.cpp's graphs can express, and variants of those they cannot
 (a windowed Mistral, SmolLM3's NoPE layer other than every fourth, Gemma 2's query_pre_attn_scalar other
 than head_dim), changed to what llama.cpp expresses; plus the serial residual of the two families whose
-cases are parallel. ``gguf_case_dir`` (conftest.py) builds them."""
+cases are parallel, and linear rope scaling. ``gguf_case_dir`` (conftest.py) builds them."""
 from __future__ import annotations
 
-from checkpoints import CASES, CASES_BY_ID, FAMILY_CASES, Case
+from checkpoints import CASES, CASES_BY_ID, Case
 
 
 def _variant(base: str, id: str, **changes) -> Case:
@@ -24,5 +24,6 @@ VARIANTS = {case.id: case for case in [
     _variant("gemma2-softcap-window6", "gemma2-headscale", query_pre_attn_scalar=16),
     _variant("stablelm-parallel", "stablelm-serial", use_parallel_residual=False),
     _variant("gptneox-parallel", "gptneox-serial", use_parallel_residual=False),
+    _variant("llama-gqa3", "llama-linear-rope", rope_scaling=dict(rope_type="linear", factor=4.0)),
 ]}
 GGUF_CASE_IDS = [c.id for c in CASES if c.id not in REFUSED] + list(VARIANTS)

@@ -1,10 +1,13 @@
 """Bad GGUF input and unwritable output: a LinnetError naming the problem, and nothing half-written."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGUFWriter
 from gguf import GGMLQuantizationType as Q
+from gguf_cases import REFUSED
 
 from linnet.errors import LinnetError, UnsupportedModel, WeightError
 from linnet.gguf import export as gguf_export
@@ -65,8 +68,36 @@ def test_unsupported_tensor_type_is_named(tmp_path):
 def test_unsupported_architecture_is_named(tmp_path):
     path = tmp_path / "gemma.gguf"
     write_gguf(path, "gemma3")
-    with pytest.raises(UnsupportedModel, match="'gemma3' is not supported; supported: llama, qwen2, qwen3"):
+    with pytest.raises(UnsupportedModel, match="'gemma3' is not supported; supported: gemma2, gptneox, granite, "
+                                               "llama, olmo2, phi3, qwen2, qwen3, smollm3, stablelm"):
         load_gguf(path)
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_what_llama_cpp_cannot_express_is_refused_by_name(case, checkpoint_dir, tmp_path):
+    with pytest.raises(UnsupportedModel, match=REFUSED[case]):
+        export_gguf(open_model(str(checkpoint_dir(case))), tmp_path / "m.gguf", "f32")
+    assert list(tmp_path.iterdir()) == []
+
+
+def without_head(spec, weights):
+    return replace(spec, tie_word_embeddings=True), {k: v for k, v in weights.items() if k != "lm_head"}
+
+
+@pytest.mark.parametrize("case, change, message", [
+    # what the file would read back as otherwise: a missing softcap is llama.cpp's default of 30
+    ("gemma2-headscale", lambda s, w: (replace(s, final_softcap=None), w),
+     r"final_softcap=None \(it would read back as 30.0\)"),
+    ("olmo2-gqa3", without_head, r"olmo2 graph needs an untied head \(output.weight\)"),
+    ("phi3-partial", lambda s, w: (replace(s, layer_types=("sliding",) * 2, sliding_window=5), w),
+     "phi3 graph has no sliding-window attention; Phi3ForCausalLM's sliding_window=5"),
+    ("gptneox-parallel", lambda s, w: (replace(s, activation="gelu_tanh"), w), "one GELU .*, not gelu_tanh"),
+])
+def test_a_model_the_gguf_would_describe_otherwise_is_refused(case, change, message, gguf_case_dir, tmp_path):
+    model = open_model(str(gguf_case_dir(case)))
+    spec, weights = change(model.spec, dict(model.weights))
+    with pytest.raises(UnsupportedModel, match=message):
+        export_gguf(replace(model, spec=spec, weights=weights), tmp_path / "m.gguf", "f32")
 
 
 def test_missing_hyper_parameter_or_tensor_is_named(tmp_path):

@@ -1,7 +1,8 @@
-"""``linnet export hf``: what it writes, transformers loads, and computes the logits Linnet computes.
+"""``linnet export hf``: what it writes, transformers loads, and computes the logits Linnet computes, for
+every family (packed tensors packed again, Gemma's 1 + w norms stored as w).
 
 Tolerance: f32 on both sides, same operations in a different order; 1e-4 absolute on logits of ~5-15,
-as in the backend conformance suite.
+as in the backend conformance suite. transformers runs eager attention, which has the softcaps and windows.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from checkpoints import CASE_IDS
 from safetensors import safe_open
 
 from linnet.backends import CacheShape, create_runner
@@ -19,12 +21,18 @@ from linnet.errors import LinnetError
 from linnet.hf import export as hf_export
 from linnet.hf.export import export_hf
 from linnet.model import open_model
+from linnet.names import hf_name
 from linnet.spec import load_spec
 
 transformers = pytest.importorskip("transformers")
 
-CASE_IDS = ["llama-gqa3", "llama-mqa-tied-rope3", "qwen2-tied", "qwen3-gqa3", "qwen3-mqa-tied"]
 PROMPT = [1, 17, 250, 3, 99, 42, 7, 300, 12, 5]
+
+
+def transformers_logits(out) -> np.ndarray:
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        return hf.eval()(torch.tensor([PROMPT])).logits[0].numpy()
 
 
 def linnet_logits(model) -> np.ndarray:
@@ -38,13 +46,10 @@ def test_transformers_loads_the_export(case, checkpoint_dir, tmp_path):
     out = export_hf(model, tmp_path / "out", "f32")
 
     assert load_spec(out) == replace(model.spec, eos_token_ids=model.eos_ids)  # config.json lists every EOS id
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    with torch.no_grad():
-        theirs = hf(torch.tensor([PROMPT])).logits[0].numpy()
-    np.testing.assert_allclose(theirs, linnet_logits(model), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(transformers_logits(out), linnet_logits(model), atol=1e-4, rtol=0)
 
-    with safe_open(str(out / "model.safetensors"), "numpy") as f:
-        assert ("lm_head.weight" in f.keys()) == (not model.spec.tie_word_embeddings)  # tied stays tied
+    with safe_open(str(out / "model.safetensors"), "numpy") as f:  # tied stays tied
+        assert (hf_name(model.spec, "lm_head") in f.keys()) == (not model.spec.tie_word_embeddings)
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     text = "Héllo wörld, the quick brown fox."
     assert tokenizer(text)["input_ids"] == model.tokenizer.encode(text)
@@ -82,10 +87,19 @@ def test_sharded_export_loads(checkpoint_dir, tmp_path):
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 2 and not (out / "model.safetensors").exists()
     assert all((out / s).stat().st_size < 40_000 + 70_000 for s in shards)  # one tensor may overflow a shard
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    with torch.no_grad():
-        theirs = hf(torch.tensor([PROMPT])).logits[0].numpy()
-    np.testing.assert_allclose(theirs, linnet_logits(open_model(str(out))), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(transformers_logits(out), linnet_logits(open_model(str(out))), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("case, change, message", [
+    ("llama-gqa3", dict(o_bias=True), r"o_bias=True \(it would read back as False\)"),  # one attention_bias
+    ("llama-gqa3", dict(architecture="GraniteForCausalLM"), "cannot express head_dim 16"),  # hidden / heads is 8
+    ("stablelm-parallel", dict(mlp_bias=True), r"mlp_bias=True \(it would read back as False\)"),
+])
+def test_what_config_json_cannot_express_is_refused(case, change, message, checkpoint_dir, tmp_path):
+    model = open_model(str(checkpoint_dir(case)))
+    with pytest.raises(LinnetError, match=message):
+        export_hf(replace(model, spec=replace(model.spec, **change)), tmp_path / "out", "f32")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unwritable_target_is_a_clear_error(checkpoint_dir, tmp_path):

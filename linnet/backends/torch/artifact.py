@@ -29,7 +29,7 @@ HERE = Path(__file__).parent
 
 def load(rows: int = 1, positions: int = {positions}) -> Model:
     weights = load_file(HERE / "weights.safetensors")
-    rope = load_file(HERE / "rope.safetensors")  # float32 [positions, head_dim] tables
+    rope = load_file(HERE / "rope.safetensors")  # float32 [positions, rotary dims] tables
     cos, sin = rope["cos"][:positions], rope["sin"][:positions]
     return Model(weights, cos, sin, rows, weights["embed"].dtype)
 
