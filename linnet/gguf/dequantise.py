@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def dequantised(gguf_file: GGUFFile, spec: ModelSpec, plan: dict[str, PlanEntry]) -> dict[str, np.ndarray]:
     """``plan`` maps the file's tensor names to their canonical parts (``linnet.gguf.reader.tensor_plan``);
     returns canonical name -> float32 array."""
-    out = {}
+    out: dict[str, np.ndarray] = {}
     for name, (parts, pack) in plan.items():
         array = gguf.quants.dequantize(gguf_file.raw(name), gguf_file.tensors[name].type).astype(np.float32, copy=False)
         out.update(zip(parts, (array,) if pack is None else pack.unpack(spec, array)))

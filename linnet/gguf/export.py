@@ -66,7 +66,7 @@ def model_metadata(spec: ModelSpec, eos_ids: tuple[int, ...]) -> dict[str, Any]:
     """The GGUF keys that describe the model (all but the file's and the tokenizer's own)."""
     family = spec.family
     eps = "layer_norm_epsilon" if spec.norm == "layer" else "layer_norm_rms_epsilon"
-    keys = {
+    keys: dict[str, Any] = {
         "context_length": spec.max_positions, "embedding_length": spec.hidden_size, "block_count": spec.num_layers,
         "feed_forward_length": spec.intermediate_size, "attention.head_count": spec.num_heads,
         "attention.head_count_kv": spec.num_kv_heads, "attention.key_length": spec.head_dim,
@@ -84,7 +84,7 @@ def model_metadata(spec: ModelSpec, eos_ids: tuple[int, ...]) -> dict[str, Any]:
 
 def _tensors(spec: ModelSpec, weights: Weights, qtype: Q) -> dict[str, Tensor]:
     """Each GGUF tensor to write: llama.cpp's packed ones stack their parts' rows."""
-    packed = {}
+    packed: dict[str, tuple[str | None, tuple[str, ...], Packed | None]] = {}
     for template, pack in get_architecture(spec.architecture).gguf_packed.items():
         for name, parts in pack.groups(spec, template, weights):
             packed.update(dict.fromkeys(parts, (name, parts, pack)))

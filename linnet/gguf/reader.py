@@ -60,7 +60,7 @@ def _load(path: Path, start: float) -> LoadedModel:
     check_shapes(spec, _canonical_shapes(spec, gguf, present))
     tokenizer = _tokenizer(gguf) if "tokenizer.ggml.model" in gguf.metadata else None
     unpacking = sorted({pack.unpack.__module__ for _, pack in present.values() if pack is not None})
-    file, key = source_identity([path]), f"dequantised by {dequantise.code(*map(sys.modules.get, unpacking))}"
+    file, key = source_identity([path]), f"dequantised by {dequantise.code(*(sys.modules[m] for m in unpacking))}"
     # The weights are this file as this code dequantises it (when first read as floats; its Q8_0/Q4_0/Q4_1
     # tensors are also given as stored, linnet.gguf.blocks): plans of them are keyed by both.
     def dequantise_all() -> dict[str, np.ndarray]:
