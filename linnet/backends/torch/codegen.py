@@ -124,26 +124,24 @@ def attention(q, cache_k, cache_v, rows, mask, scale: float, softcap: float | No
         keys, values = cache_k[rows, :, :span], cache_v[rows, :, :span]
     if compiled_decode(q):
         return decode_attention(q, keys, values, mask, scale, softcap)
-    if q.shape[1] == 1 or softcap is not None:  # SDPA has no softcap
-        return grouped_attention(q, keys, values, mask, scale, softcap)
+    if q.shape[1] == 1:  # one query a row: a key head's group of query heads are the rows of one product
+        groups = HEADS // KV_HEADS
+        scores = capped((q.view(q.shape[0], KV_HEADS, groups, HEAD_DIM) * scale) @ keys.transpose(-1, -2), softcap)
+        scores = scores.masked_fill(~mask, float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
+        return (scores @ values).view(q.shape[0], 1, HEADS * HEAD_DIM)
+    if softcap is not None:  # which SDPA has not: the scores in full, each key head repeated for its group
+        keys, values = (t.repeat_interleave(HEADS // KV_HEADS, 1) for t in (keys, values))
+        scores = capped((q.transpose(1, 2) * scale) @ keys.transpose(-1, -2), softcap)
+        scores = scores.masked_fill(~mask, float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
+        return (scores @ values).transpose(1, 2).flatten(2)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, scale=scale,
                                          enable_gqa=True)
     return out.transpose(1, 2).flatten(2)
 
 
 def capped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """c * tanh(scores / c) in float32, for a softcap c."""
     return scores if softcap is None else softcap * torch.tanh(scores.float() / softcap)
-
-
-def grouped_attention(q, keys, values, mask, scale: float, softcap: float | None) -> torch.Tensor:
-    """Attention as two products per key head, whose group of query heads (times the tokens) are the rows
-    of one product: for one query a row (eager decode), and for a softcap."""
-    rows, tokens, groups = q.shape[0], q.shape[1], HEADS // KV_HEADS
-    q = q.view(rows, tokens, KV_HEADS, groups, HEAD_DIM).permute(0, 2, 3, 1, 4).reshape(rows, KV_HEADS, -1, HEAD_DIM)
-    scores = capped((q * scale) @ keys.transpose(-1, -2), softcap).unflatten(2, (groups, tokens))
-    scores = scores.masked_fill(~mask[:, :, None], float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
-    out = scores.flatten(2, 3) @ values  # [R, KV_HEADS, groups * T, HEAD_DIM]
-    return out.unflatten(2, (groups, tokens)).permute(0, 3, 1, 2, 4).reshape(rows, tokens, HEADS * HEAD_DIM)
 
 
 def decode_attention(q, keys, values, mask, scale: float, softcap: float | None) -> torch.Tensor:
