@@ -6,6 +6,7 @@ import json
 
 from linnet.commands._common import add_model_argument
 from linnet.model import open_model
+from linnet.program import build_program
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,7 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def handle(args: argparse.Namespace) -> int:
     model = open_model(args.model)
     spec = model.spec
-    info = {"path": str(model.path), **spec.to_dict(), "parameters": spec.parameter_count()}
+    info = {"path": str(model.path), **spec.to_dict(), "parameters": spec.parameter_count(),
+            # keys and values of one cache row at the model's whole context, in its own dtype
+            "kv_cache_bytes_per_row": build_program(spec, spec.dtype).cache_bytes_per_row(spec.max_positions)}
     if model.tokenizer is not None:
         info["tokenizer_eos_ids"] = list(model.tokenizer.eos_ids)
         info["chat_template"] = model.tokenizer.chat_template is not None

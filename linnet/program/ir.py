@@ -88,6 +88,14 @@ class Program:
         """The step's inputs other than weights."""
         return step_inputs(self.spec, self.dtype)
 
+    def cache_bytes_per_row(self, positions: int) -> int:
+        """The keys and values one cache row holds over ``positions``, every layer, in the run dtype.
+        A sliding layer keeps the full positions too (masked to its window)."""
+        from linnet.dtypes import DTYPES
+
+        s = self.spec
+        return 2 * len(self.layer_kinds) * s.num_kv_heads * s.head_dim * positions * DTYPES[self.dtype].numpy.itemsize
+
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every canonical tensor the checkpoint must hold, with its shape (``layers.<i>.<name>``)."""
         shapes = dict(self.weight_shapes)

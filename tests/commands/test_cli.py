@@ -90,3 +90,15 @@ def test_run_picks_onnx_runtime_on_a_cpu_in_f32(checkpoint_dir, capsys):
     assert json.loads(capsys.readouterr().out)["backend"] == "onnx:cpu"
     assert main(["run", model, "--prompt", "The quick", "--max-new-tokens", "3", "--json", "--dtype", "bf16"]) == 0
     assert json.loads(capsys.readouterr().out)["backend"].startswith("torch:")
+
+
+def test_info_reports_the_cache_bytes_of_a_row(checkpoint_dir, capsys):
+    import json
+
+    from linnet.cli import main
+
+    assert main(["info", str(checkpoint_dir("gemma2-softcap-window6")), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    # 2 layers x keys and values x 2 kv heads x head_dim 16 x 256 positions x 4 bytes (f32)
+    assert info["kv_cache_bytes_per_row"] == 2 * 2 * 2 * 16 * 256 * 4
+    assert info["layer_types"] == ["sliding", "full"] and info["sliding_window"] == 6
