@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # Every install is held to constraints.txt, the versions the tests last passed with.
 PIP := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt
 
-.PHONY: setup test-setup demo test test-slow
+.PHONY: setup test-setup demo lint test test-slow
 
 setup: $(VENV)/.linnet
 $(VENV)/.linnet: pyproject.toml constraints.txt
@@ -42,6 +42,11 @@ $(VENV)/.peers:
 	(command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)) \
 		|| echo "chromium could not be installed: the browser test will be skipped"
 	touch $@
+
+# ruff and mypy, as configured in pyproject.toml
+lint: setup
+	$(VENV)/bin/ruff check linnet tests scripts
+	$(VENV)/bin/mypy linnet
 
 demo: setup
 	$(VENV)/bin/linnet run --chat "What is the capital of France? Answer in one sentence."

@@ -16,7 +16,7 @@ from linnet.openmp import set_default_policy
 
 set_default_policy(os.environ)  # before torch loads OpenMP: waiting threads spin briefly, then sleep
 
-from linnet.errors import LinnetError
+from linnet.errors import LinnetError  # noqa: E402 (after the OpenMP policy is set, on purpose)
 
 COMMANDS = ("run", "info", "compile", "bench", "export", "models", "site", "serve", "triton", "bench-serve")
 

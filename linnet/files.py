@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, suppress
 from math import prod
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -35,7 +35,7 @@ def check_output(path: str | Path, force: bool = False) -> None:
     raise LinnetError(f"{path} {what}; choose another output, or pass --force to replace it")
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
     """``write(tmp)`` makes a file or directory at ``tmp``, a fresh name beside ``path``, which then takes
     ``path``'s place, replacing whatever is there: readers see all of it or nothing, and a failure or a
     Ctrl-C leaves nothing behind (and ``path`` as it was). What ``write`` made gets the modes the user's
@@ -215,5 +215,5 @@ def _tensor_entry(info: Any, fail: Callable[[str], WeightError], where: str
     return BY_SAFETENSORS[dtype].numpy, shape, (offsets[0], offsets[1])
 
 
-def _naturals(value: Any) -> bool:
+def _naturals(value: Any) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)

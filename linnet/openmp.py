@@ -9,7 +9,7 @@ as fast as spinning on the quiet machine and no slower than sleeping on the busy
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 POLICIES: dict[str, dict[str, str]] = {
     "brief": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"},  # spin 1000 times, then sleep
@@ -29,7 +29,7 @@ def policy_environment(env: Mapping[str, str], policy: str) -> dict[str, str]:
     return {**{k: v for k, v in env.items() if k not in VARIABLES}, **POLICIES[policy]}
 
 
-def set_default_policy(env: dict[str, str]) -> None:
+def set_default_policy(env: MutableMapping[str, str]) -> None:
     """The default policy, unless the caller chose how OpenMP waits (set before torch loads OpenMP)."""
     if not any(name in env for name in VARIABLES):
         env.update(POLICIES[DEFAULT])

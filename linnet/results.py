@@ -89,6 +89,12 @@ class Row:
         m = self.metrics.get(metric)
         return None if m is None else m.value
 
+    def measured(self, metric: str) -> float:
+        """``value(metric)`` of a row known to hold it."""
+        v = self.value(metric)
+        assert v is not None, f"row {self.id} has no {metric}"
+        return v
+
 
 SERVING_GROUP = "Serving many requests"  # the group of every serving row (linnet.bench.serving)
 
@@ -171,6 +177,7 @@ def validate(results: Results, where: str = "results") -> None:
 
 def _check_against(results: Results, row: Row, path: str, fail: Callable[[str, str], NoReturn]) -> None:
     a = row.against
+    assert a is not None  # the caller's check
     other = results.find(a.row)
     if other is None:
         fail(f"{path}.row", f"no row with id {a.row!r}")

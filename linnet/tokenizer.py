@@ -163,8 +163,8 @@ def _load(model_dir: Path) -> Tokenizer:
     eos_token = _token_text(tok_config.get("eos_token"), f"{tok_path}: eos_token")
     eos_ids = (_ids(gen_config.get("eos_token_id"), f"{gen_path}: eos_token_id")
                + _ids(config.get("eos_token_id"), f"{model_dir / 'config.json'}: eos_token_id"))
-    if eos_token is not None and hf.token_to_id(eos_token) is not None:
-        eos_ids.append(hf.token_to_id(eos_token))
+    if eos_token is not None and (eos_token_id := hf.token_to_id(eos_token)) is not None:
+        eos_ids.append(eos_token_id)
     origin = f"{tok_path}: chat_template"
     template = _template(tok_config.get("chat_template"), origin)
     if template is None and (model_dir / "chat_template.jinja").is_file():

@@ -133,6 +133,7 @@ def code_identity(*modules: ModuleType) -> str:
     """A digest of the modules' source files: a conversion's key changes whenever its code does."""
     digest = hashlib.sha256()
     for module in modules:
+        assert module.__file__ is not None, f"{module.__name__} has no source file"
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:16]
 

@@ -5,8 +5,8 @@
 Speed and memory depend on the shapes, not on the values: this writes the model's published config with
 transformers' own initialisation (seed 0) through ``save_pretrained``, and the default model's tokenizer
 (SmolLM2's: its ids are all inside the larger vocabulary, and every row of a bench reads the same prompt
-ids; `--no-tokenizer` leaves it out). The text such a model writes is noise; its logits are still compared across subjects. Needs
-transformers (the bench extra).
+ids; `--no-tokenizer` leaves it out). The text such a model writes is noise; its logits are still compared
+across subjects. Needs transformers (the bench extra).
 """
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ def test_chat_template_renders_with_the_generation_prompt(checkpoint_dir):
     text = tok.render_chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
     assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     ids = tok.encode_chat([{"role": "user", "content": "Hi"}])
-    assert ids[0] == tok.hf.token_to_id("<|im_start|>") and tok.decode(ids, skip_special_tokens=False).endswith("assistant\n")
+    assert ids[0] == tok.hf.token_to_id("<|im_start|>")
+    assert tok.decode(ids, skip_special_tokens=False).endswith("assistant\n")
 
 
 def test_special_tokens_and_bos(checkpoint_dir):

@@ -13,7 +13,11 @@ import pytest
 from linnet import weight_cache
 from linnet.errors import LinnetError
 from linnet.weight_cache import (
-    HUGE_PAGE, cached_arrays, cached_path, drop_from_page_cache, settle_in_huge_pages,
+    HUGE_PAGE,
+    cached_arrays,
+    cached_path,
+    drop_from_page_cache,
+    settle_in_huge_pages,
 )
 
 
@@ -54,7 +58,8 @@ def test_a_failed_write_leaves_nothing(monkeypatch):
         Path(path).write_bytes(b"half a file")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(weight_cache, "save_aligned_safetensors", lambda path, arrays, metadata: full_disk(arrays, path, metadata))
+    monkeypatch.setattr(weight_cache, "save_aligned_safetensors",
+                        lambda path, arrays, metadata: full_disk(arrays, path, metadata))
     with pytest.raises(LinnetError, match="cannot write to .*: No space left on device"):
         cached_arrays("full-source", "full-conversion", lambda: {"w": np.ones(3, np.float32)})
     path = cached_path("full-source", "full-conversion")
@@ -123,7 +128,7 @@ def test_settling_an_empty_file_is_harmless(tmp_path):
 def test_cached_arrays_start_on_cache_lines_and_read_as_safetensors(tmp_path, monkeypatch):
     from safetensors import safe_open
 
-    from linnet.weight_cache import cached_arrays, cached_path
+    from linnet.weight_cache import cached_arrays
 
     monkeypatch.setenv("LINNET_CACHE", str(tmp_path))
     arrays = {"odd": np.arange(5, dtype=np.float16), "w": np.arange(48, dtype=np.float32).reshape(3, 16),
@@ -138,7 +143,8 @@ def test_cached_arrays_start_on_cache_lines_and_read_as_safetensors(tmp_path, mo
 def test_the_least_recently_used_entries_go_past_the_budget(tmp_path, monkeypatch):
     monkeypatch.setenv("LINNET_CACHE", str(tmp_path))
     monkeypatch.setenv("LINNET_CACHE_MAX_GB", str(2.5 * 2**20 / 2**30))  # room for two entries of 1 MiB
-    entries = [tmp_path / "a.safetensors", tmp_path / "onnx" / "b", tmp_path / "compiled" / "c", tmp_path / "d.safetensors"]
+    entries = [tmp_path / "a.safetensors", tmp_path / "onnx" / "b", tmp_path / "compiled" / "c",
+               tmp_path / "d.safetensors"]
     for age, entry in enumerate(entries):
         target = entry / "weights.bin" if entry.suffix != ".safetensors" else entry
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ def load_generated_module(source: str, kind: str) -> ModuleType:
         atomic_write(path, lambda tmp: tmp.write_text(source))
     if path.stem not in sys.modules:
         spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec is not None and spec.loader is not None  # a .py file always has both
         module = importlib.util.module_from_spec(spec)
         sys.modules[path.stem] = module
         spec.loader.exec_module(module)

@@ -126,14 +126,16 @@ class Runner(ABC):
     ) -> dict[int, RowResult]:
         """One batched step; a result per row named. Rows without a ``sampling`` entry are greedy."""
         sampling = sampling or {}
-        rows = [e.row for e in (*prefill, *decode)]
+        entries: list[Prefill | Decode] = [*prefill, *decode]
+        rows = [e.row for e in entries]
         for row in rows:
             self._check_row(row)
         if len(set(rows)) != len(rows):
             raise LinnetError(f"a row may appear once per step, got rows {rows}")
         results: dict[int, RowResult] = {}
-        ready_prefill, ready_decode = [], []
-        for entry in (*prefill, *decode):
+        ready_prefill: list[Prefill] = []
+        ready_decode: list[Decode] = []
+        for entry in entries:
             try:
                 if isinstance(entry, Prefill):
                     self._check_prefill(entry.row, entry.tokens, entry.start)
@@ -163,8 +165,8 @@ class Runner(ABC):
                 if p.sample:
                     picks.append((p.row, out, index))
         if ready_decode:
-            out, index = self._decode_rows({d.row: d.token for d in ready_decode})
-            picks += [(d.row, out, index[d.row]) for d in ready_decode]
+            out, indices = self._decode_rows({d.row: d.token for d in ready_decode})
+            picks += [(d.row, out, indices[d.row]) for d in ready_decode]
         if picks:
             stacked = self._stack([(array, index) for _, array, index in picks])
             states = [self._sampler(row, sampling.get(row, GREEDY)) for row, _, _ in picks]
@@ -190,7 +192,7 @@ class Runner(ABC):
             raise LinnetError(f"decode takes one token per cache row ({self.cache.rows}), got {len(tokens)}")
         active = [True] * self.cache.rows if active is None else list(active)
         rows = {row: token for row, (token, on) in enumerate(zip(tokens, active)) if on}
-        for row, token in rows.items():
+        for row in rows:
             self._check_fits(self.lengths[row] + 1)
         self._check_tokens(list(rows.values()))
         out, index = self._decode_rows(rows)
@@ -209,7 +211,8 @@ class Runner(ABC):
         self._forward(np.zeros((1, 2), dtype=np.int64), scratch, np.zeros(1, dtype=np.int64),
                       np.array([[1]], dtype=np.int64))
         for size in self.decode_sizes():
-            self._forward(np.zeros((size, 1), dtype=np.int64), np.full((size, 1), self.scratch_position, dtype=np.int64),
+            self._forward(np.zeros((size, 1), dtype=np.int64),
+                          np.full((size, 1), self.scratch_position, dtype=np.int64),
                           np.arange(size, dtype=np.int64), None)
         return time.perf_counter() - start
 

@@ -27,14 +27,20 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from linnet.backends.registry import backends
 from linnet.bench import arithmetic, bandwidth, machine
-from linnet.bench.harness import (distance_from_reference, importable_here, make_row, prime, run_turns,
-                                  worker_environment)
+from linnet.bench.harness import (
+    distance_from_reference,
+    importable_here,
+    make_row,
+    prime,
+    run_turns,
+    worker_environment,
+)
 from linnet.bench.protocol import PEERS, REFERENCE, Job, random_prompt
 from linnet.errors import LinnetError, ResultsError
 from linnet.model import open_model, open_spec, resolve
@@ -106,7 +112,9 @@ def _serving() -> Any:
 def protocol_of(profile: str) -> Protocol:
     serving = _serving()
     protocol = PROFILES[profile]
-    return protocol if serving is None else replace(protocol, serving=serving.PROFILES[SERVING_PROFILES[profile]].serving())
+    if serving is None:
+        return protocol
+    return replace(protocol, serving=serving.PROFILES[SERVING_PROFILES[profile]].serving())
 
 
 def model_id(model: str) -> str:
@@ -151,11 +159,12 @@ def run_all(settings: AllSettings, log: Any = sys.stderr) -> tuple[Results, Path
             p.serving for p in planned) else None
         done = Results(
             model=model_id(settings.model),
-            timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
             machine=Machine(accelerator=None, cpu=machine.cpu(),
                             memory_gib=machine.memory_gib(), threads=threads,
-                            load_average=[round(x, 2) for x in os.getloadavg()], read_gb_s=Metric(statistics.median(read_gb_s), read_gb_s),
-                            matmul_gflop_s=gflop_s and Metric(statistics.median(gflop_s), gflop_s)),
+                            load_average=[round(x, 2) for x in os.getloadavg()],
+                            read_gb_s=Metric(statistics.median(read_gb_s), read_gb_s),
+                            matmul_gflop_s=Metric(statistics.median(gflop_s), gflop_s) if gflop_s else None),
             versions=machine.versions(), protocol=protocol, rows=[], profile=settings.profile)
     results = done
     rows = {r.id: r for r in results.rows}
@@ -245,7 +254,8 @@ def _row(p: Planned, report: dict[str, Any], jobs: dict[str, Job], work: Path, s
         row.notes.insert(0, p.dtype)
     if row.not_run is None:
         reads = bandwidth.subject_reads(p.subject, jobs[p.dtype], spec, bool(report.get("accelerator")))
-        row.notes.append(reads.note(row.value("decode_tok_s"), on.read_gb_s.value))
+        assert on.read_gb_s is not None  # measured before any row
+        row.notes.append(reads.note(row.measured("decode_tok_s"), on.read_gb_s.value))
         if exported:
             row.notes.append(exported)
     return row
@@ -299,8 +309,8 @@ def add_comparisons(rows: list[Row]) -> None:
         if not (row.linnet and row.not_run is None and row.value("decode_tok_s")) or not peers:
             continue
         mine = [r for r in peers if r.group == row.group] or peers
-        best = max(mine, key=lambda r: r.value("decode_tok_s"))
-        row.against = Against(best.id, "decode_tok_s", row.value("decode_tok_s") / best.value("decode_tok_s"))
+        best = max(mine, key=lambda r: r.measured("decode_tok_s"))
+        row.against = Against(best.id, "decode_tok_s", row.measured("decode_tok_s") / best.measured("decode_tok_s"))
 
 
 if __name__ == "__main__":  # one serving row, for serving_row: MODEL SERVER PROFILE DTYPE THREADS

@@ -67,7 +67,7 @@ def add_notes(rows: list[Row], spec: ModelSpec, gflop_s: float, dtype: str) -> N
     """Each serving row's matrix-product rate, and its share of ``gflop_s``, in its notes."""
     for row in rows:
         if row.not_run is None and "serve_tok_s" in row.metrics:
-            row.notes.append(note(spec, row.value("serve_tok_s"), gflop_s, dtype))
+            row.notes.append(note(spec, row.measured("serve_tok_s"), gflop_s, dtype))
 
 
 _NOTE = re.compile(r"^matrix products: [0-9.]+ GFLOP per token: ([0-9.]+) GFLOP/s, ([0-9]+)%")

@@ -13,6 +13,7 @@ from linnet.bench.protocol import Job, Subject, TimedGeneration
 from linnet.errors import BackendUnavailable
 from linnet.model import open_model
 
+
 class LinnetSubject(Subject):
     def __init__(self, backend: Backend, job: Job):
         reason = backend.unavailable()
@@ -56,5 +57,6 @@ class LinnetSubject(Subject):
 
     def notes(self) -> list[str]:
         described = self.runner.describe()  # "blocks": a runner multiplying llama.cpp's blocks, and how
-        blocks = [f"{BLOCKS_NOTE} ({described['blocks']}), {described['block_products']}"] if "blocks" in described else []
+        blocks = ([f"{BLOCKS_NOTE} ({described['blocks']}), {described['block_products']}"]
+                  if "blocks" in described else [])
         return [f"KV cache compiled for {self.runner.cache.positions} positions", *blocks]

@@ -23,8 +23,8 @@ from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from linnet.bench.protocol import PEERS, Job
 from linnet.bench.machine import run_measurement
+from linnet.bench.protocol import PEERS, Job
 from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
 from linnet.gguf.format import GGUFFile
@@ -121,7 +121,7 @@ def weights_of_gguf(path: str | Path, spec: ModelSpec) -> dict[str, int]:
 def token_reads(spec: ModelSpec, protocol: Protocol, weights: dict[str, int], kv_type: str) -> TokenReads:
     """``weights`` (bytes by type) and the KV cache at the mean position."""
     position = mean_position(protocol)
-    types = ", ".join(sorted(weights, key=weights.get, reverse=True))
+    types = ", ".join(sorted(weights, key=weights.__getitem__, reverse=True))
     return TokenReads(sum(weights.values()), types, kv_cache_bytes(spec, position, kv_type), kv_type, position)
 
 
@@ -153,7 +153,7 @@ def add_notes(rows: list[Row], reads: dict[str, TokenReads], gb_s: float) -> Non
     """Each decode row's reads per token, as GB/s and as a share of ``gb_s``, in its notes."""
     for row in rows:
         if row.id in reads and row.not_run is None:
-            row.notes.append(reads[row.id].note(row.value("decode_tok_s"), gb_s))
+            row.notes.append(reads[row.id].note(row.measured("decode_tok_s"), gb_s))
 
 
 _NOTE = re.compile(r"^reads ([0-9.]+) MB per token ")
@@ -174,7 +174,7 @@ def read_rate(row: Row, machine: Machine) -> str:
     mb = next((float(m[1]) for n in row.notes if (m := _NOTE.match(n))), None)
     if mb is None or machine.read_gb_s is None:
         return "–"
-    rate = mb * row.value("decode_tok_s") / 1e3
+    rate = mb * row.measured("decode_tok_s") / 1e3
     return f"{rate:.2f} GB/s, {rate / machine.read_gb_s.value:.0%}"
 
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,7 @@ def run_bench(settings: Settings, log: Any = sys.stderr) -> Results:
         raise LinnetError("interleaved runs need idle workers whose threads sleep: with OMP_WAIT_POLICY=ACTIVE "
                           "they spin for minutes on the cores the running worker needs; "
                           "run them in sequence (--sequential)")
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started = datetime.now(UTC).isoformat(timespec="seconds")
     load_average = [round(x, 2) for x in os.getloadavg()]
     order = sorted(settings.subjects, key=lambda s: s != REFERENCE)  # stable: the reference first
     with tempfile.TemporaryDirectory(prefix="linnet-bench-") as tmp:
@@ -126,6 +126,8 @@ class Worker:
         self.process = subprocess.Popen(worker_command(str(job), subject, *flags), stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True, env=importable_here(env),
                                         start_new_session=True)
+        assert self.process.stdin is not None and self.process.stdout is not None  # both piped
+        self.stdin, self.stdout = self.process.stdin, self.process.stdout
         self.time_limit, self.expired = time_limit, False
         self.timer = None if time_limit is None else threading.Timer(max(time_limit, 0), self._expire)
         if self.timer:
@@ -139,7 +141,7 @@ class Worker:
 
     def receive(self) -> dict[str, Any]:
         """The worker's next message; anything else it printed goes to stderr, not lost."""
-        for line in self.process.stdout:
+        for line in self.stdout:
             try:
                 message = json.loads(line)
             except json.JSONDecodeError:
@@ -154,15 +156,15 @@ class Worker:
 
     def ask(self, command: str) -> dict[str, Any]:
         try:
-            self.process.stdin.write(command + "\n")
-            self.process.stdin.flush()
+            self.stdin.write(command + "\n")
+            self.stdin.flush()
         except BrokenPipeError:
             pass  # it has exited: receive() says so
         return self.receive()
 
     def close(self) -> None:
         try:
-            self.process.stdin.close()
+            self.stdin.close()
         except BrokenPipeError:
             pass  # killed at its time limit
         self.process.wait()
@@ -293,7 +295,7 @@ def add_comparisons(rows: list[Row]) -> None:
     peers = [r for r in rows if r.id in PEERS and r.not_run is None]
     if not peers:
         return
-    best = max(peers, key=lambda r: r.value("decode_tok_s"))
+    best = max(peers, key=lambda r: r.measured("decode_tok_s"))
     for row in rows:
         if row.linnet and row.not_run is None:
-            row.against = Against(best.id, "decode_tok_s", row.value("decode_tok_s") / best.value("decode_tok_s"))
+            row.against = Against(best.id, "decode_tok_s", row.measured("decode_tok_s") / best.measured("decode_tok_s"))

@@ -33,13 +33,14 @@ class TransformersSubject(Subject):
             importlib.import_module("torch._inductor.config")  # untimed, as for Linnet's compiled modes
             # generate compiles the decode step once the cache is static; on CPU only when told to.
             config = transformers.CompileConfig()
-            config._compile_all_devices = self.device.type == "cpu"
+            config._compile_all_devices = self.device.type == "cpu"  # type: ignore[assignment]  # typed None there
             self.options = dict(cache_implementation="static", compile_config=config)
 
     def load(self) -> None:
         dtype = getattr(torch, DTYPES[self.job.dtype].hf)  # torch names its dtypes as config.json does
         model = AutoModelForCausalLM.from_pretrained(self.job.model, dtype=dtype)
-        self.model = model.to(self.device).eval()
+        # transformers wraps ``to`` with functools.wraps, whose stub loses the bound ``self``
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         # Plain greedy decoding: a checkpoint's own defaults (sampling, repetition penalty, EOS) are dropped.
         self.model.generation_config = transformers.GenerationConfig(do_sample=False)
 
@@ -84,7 +85,8 @@ class _Recorder:
     """A logits processor that copies the first ``count`` steps' raw scores and returns them unchanged."""
 
     def __init__(self, count: int):
-        self.count, self.kept = count, []
+        self.count = count
+        self.kept: list[np.ndarray] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if len(self.kept) < self.count:

@@ -34,7 +34,7 @@ def gguf_for(job: Job) -> Path:
 
 def kv_type(weights: dict[str, int]) -> str:
     """f32 beside f32 weights (as Linnet's CPU cache: an f32 row is f32 throughout), else llama.cpp's f16."""
-    return "f32" if max(weights, key=weights.get) == "f32" else "f16"
+    return "f32" if max(weights, key=weights.__getitem__) == "f32" else "f16"
 
 
 def llama_cpp_reads(job: Job, spec: ModelSpec) -> TokenReads:
@@ -75,7 +75,8 @@ class LlamaCppSubject(Subject):
         self.vocab = self.llm.n_vocab()
 
     def generate(self, prompt: list[int], new_tokens: int, record: int) -> TimedGeneration:
-        llm, kept = self.llm, []
+        llm = self.llm
+        kept: list[np.ndarray] = []
 
         def pick() -> int:
             logits = np.ctypeslib.as_array(self.llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(self.vocab,))

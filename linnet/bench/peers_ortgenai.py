@@ -100,7 +100,8 @@ class OrtGenAISubject(Subject):
         params.set_search_options(max_length=len(prompt) + new_tokens, do_sample=False)
         generator = og.Generator(self.model, params)  # made before the clock, as Linnet's cache is reset
         ids = np.array([prompt], dtype=np.int32)
-        kept, tokens = [], []
+        kept: list[np.ndarray] = []
+        tokens: list[int] = []
 
         def keep() -> None:
             if len(kept) < record:

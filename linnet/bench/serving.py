@@ -14,7 +14,7 @@ import os
 import statistics
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,7 @@ import numpy as np
 from linnet.bench import arithmetic, machine
 from linnet.bench.harness import importable_here, worker_environment
 from linnet.bench.serving_client import Load, ServingError, run_load
-from linnet.bench.serving_servers import (TRITON_ROWS, NotRunnable, Running, Server, free_port, make_server,
-                                          server_ids)
+from linnet.bench.serving_servers import TRITON_ROWS, NotRunnable, Running, Server, free_port, make_server, server_ids
 from linnet.errors import LinnetError
 from linnet.model import open_model, open_spec, resolve
 from linnet.registry.schema import Protocol, Serving
@@ -222,7 +221,7 @@ def add_comparisons(rows: list[Row]) -> None:
         hosted = row.id.startswith(TRITON_ROWS)
         other = (ran.get("serve:" + row.id.removeprefix(TRITON_ROWS)) if hosted else None) or peer
         if other is not None:
-            ratio = row.value("serve_tok_s") / other.value("serve_tok_s")
+            ratio = row.measured("serve_tok_s") / other.measured("serve_tok_s")
             row.against = Against(other.id, "serve_tok_s", round(ratio, 3))
             mine, theirs = row.metrics["serve_tok_s"].samples, other.metrics["serve_tok_s"].samples
             if mine and theirs:  # several rounds: the ratio within each round too
@@ -233,7 +232,7 @@ def add_comparisons(rows: list[Row]) -> None:
 def serving_results(model: str, model_id: str, servers: list[str], profile: ServingProfile, dtype: str,
                     threads: int | None, log: Any = sys.stderr, rounds: int = 1) -> Results:
     """``serving_rows`` as a whole results file, with the machine, the load average and the profile."""
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started = datetime.now(UTC).isoformat(timespec="seconds")
     load_average = [round(x, 2) for x in os.getloadavg()]
     rows = serving_rows(model, servers, profile, dtype, threads, log, rounds)
     env = importable_here(worker_environment(threads or machine.cores(), "inherit"))
@@ -267,8 +266,8 @@ def serving_table(rows: list[Row]) -> list[str]:
         if r.not_run:
             continue
         ttft = r.metrics["serve_ttft_ms"].samples or []
-        table.append((r.name, f"{r.value('serve_tok_s'):.1f} tok/s", arithmetic.share(r), f"{percentile(ttft, 50):.0f} ms",
-                      f"{percentile(ttft, 99):.0f} ms", f"{r.value('load_s'):.1f} s",
+        table.append((r.name, f"{r.value('serve_tok_s'):.1f} tok/s", arithmetic.share(r),
+                      f"{percentile(ttft, 50):.0f} ms", f"{percentile(ttft, 99):.0f} ms", f"{r.value('load_s'):.1f} s",
                       f"{r.value('peak_mem_gib'):.2f} GiB",
                       f"{r.against.ratio:.2f}x {r.against.row}" if r.against else ""))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]

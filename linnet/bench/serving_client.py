@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,12 +50,12 @@ class Load:
         return sum(t.completion_tokens for t in self.timings)
 
 
-def run_load(url: str, model: str, prompts: list[list[int] | str], new_tokens: int, concurrency: int,
+def run_load(url: str, model: str, prompts: Sequence[list[int] | str], new_tokens: int, concurrency: int,
              extra: dict[str, Any], api: str = OPENAI) -> Load:
     return asyncio.run(_load(url, model, prompts, new_tokens, concurrency, extra, api))
 
 
-async def _load(url: str, model: str, prompts: list[list[int] | str], new_tokens: int, concurrency: int,
+async def _load(url: str, model: str, prompts: Sequence[list[int] | str], new_tokens: int, concurrency: int,
                 extra: dict[str, Any], api: str) -> Load:
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)

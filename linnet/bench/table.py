@@ -1,6 +1,8 @@
 """The printed summary of a run: every number, then each Linnet row against each peer's row."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from linnet.bench.bandwidth import measured, read_rate
 from linnet.bench.protocol import PEERS
 from linnet.results import SERVING_GROUP, Results, Row
@@ -54,10 +56,10 @@ def _ratio(row: Row, peer: Row, metric: str) -> str:
     """How many times better than the peer: faster decode, shorter first token or load."""
     if peer.not_run:
         return "–"
-    mine, theirs = row.value(metric), peer.value(metric)
+    mine, theirs = row.measured(metric), peer.measured(metric)
     return f"{mine / theirs if metric == 'decode_tok_s' else theirs / mine:.2f}×"
 
 
-def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]

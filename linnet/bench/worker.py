@@ -74,8 +74,9 @@ def generation(subject: Subject, name: str, job: Job, first: bool) -> dict[str, 
     g = subject.generate(job.prompt, p.new_tokens, record=CHECK_STEPS + 1 if first else 0)
     if len(g.tokens) != p.new_tokens:
         raise LinnetError(f"{name} generated {len(g.tokens)} tokens, not the {p.new_tokens} asked for")
-    sample = {"started": started, "ttft_s": g.ttft_s, "decode_tok_s": (p.new_tokens - 1) / g.decode_s}
+    sample: dict[str, Any] = {"started": started, "ttft_s": g.ttft_s, "decode_tok_s": (p.new_tokens - 1) / g.decode_s}
     if first:
+        assert g.logits is not None  # recorded on the first generation
         np.save(job.logits_path(name), g.logits)
         sample.update(first_generation_s=g.ttft_s + g.decode_s, tokens=g.tokens[: len(g.logits)])
     return sample

@@ -14,11 +14,11 @@ from linnet.bench.protocol import PEERS
 from linnet.bench.table import format_results
 from linnet.commands._checks import add_force_argument, whole
 from linnet.commands._common import add_model_argument
+from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
 from linnet.files import check_output
 from linnet.registry.schema import Protocol
 from linnet.results import save_results
-from linnet.dtypes import DTYPES
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -21,8 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_argument(parser)
     parser.add_argument("--server", action="append", metavar="SERVER",
                         help="linnet:BACKEND, triton:BACKEND (tritonserver hosting linnet.serve), transformers or "
-                             "vllm (repeatable; default: linnet serve's own default backend); the peers need MODEL as a Hugging Face "
-                             "directory (`linnet export hf`)")
+                             "vllm (repeatable; default: linnet serve's own default backend); the peers need MODEL "
+                             "as a Hugging Face directory (`linnet export hf`)")
     parser.add_argument("--profile", choices=tuple(PROFILES),
                         help="; ".join(f"{p.name}: {p.describe()}" for p in PROFILES.values()))
     parser.add_argument("--requests", type=whole(1), help="requests in all (default: the profile's)")

@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("compile", help="print a model's Program, or write a backend's source, weights and loader")
     add_model_argument(parser)
     parser.add_argument("--target", default="torch", choices=targets(),
-                        help="a backend: write its artifact to -o DIR (default: torch); program: print the step as text")
+                        help="a backend: write its artifact to -o DIR (default: torch); "
+                             "program: print the step as text")
     parser.add_argument("--dtype", default="f32", choices=tuple(DTYPES))
     parser.add_argument("-o", "--output", help="directory to write (a backend target); file for the program")
     add_force_argument(parser)

@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, cast
 
 from linnet.backends.runner import Runner, cache_positions
 from linnet.commands._checks import number, whole
@@ -12,6 +13,9 @@ from linnet.commands._common import add_model_argument, add_runner_arguments, ma
 from linnet.errors import LinnetError
 from linnet.generation import Sampling, generate
 from linnet.model import LoadedModel, open_model
+
+if TYPE_CHECKING:
+    from linnet.backends.torch.runner import TorchRunner
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,7 +50,8 @@ def handle(args: argparse.Namespace) -> int:
         prompt_ids = tokenizer.encode_chat(messages)
     else:
         prompt_ids = tokenizer.encode(args.prompt)
-    positions = args.cache_positions or min(cache_positions(len(prompt_ids) + args.max_new_tokens), model.spec.max_positions)
+    positions = args.cache_positions or min(cache_positions(len(prompt_ids) + args.max_new_tokens),
+                                            model.spec.max_positions)
     runner = pick_runner(model, args, positions)
     warm_up_s = runner.warm_up()  # compiling (or loading compiled code) is timed apart from the request
     compile_s = getattr(runner, "compile_time", 0.0)
@@ -91,7 +96,8 @@ def handle(args: argparse.Namespace) -> int:
         print(
             f"\n\n[{summary['new_tokens']} tokens, {summary['finish_reason']} · first token {summary['ttft_ms']:.0f} ms"
             f" · decode {decode} · load {summary['load_s']:.2f} s"
-            f" + compiled steps {summary['compile_s']:.2f} s + warm-up {summary['warm_up_s'] - summary['compile_s']:.2f} s"
+            f" + compiled steps {summary['compile_s']:.2f} s"
+            f" + warm-up {summary['warm_up_s'] - summary['compile_s']:.2f} s"
             f" · {args.backend} {args.dtype}, {threads}load average {summary['load_average']:.2f}]",
             file=sys.stderr,
         )
@@ -112,7 +118,7 @@ def pick_runner(model: LoadedModel, args: argparse.Namespace, positions: int) ->
     if args.backend:
         return make_runner(model, args, positions)
     args.backend = "torch:inductor"
-    runner = make_runner(model, args, positions)
+    runner = cast("TorchRunner", make_runner(model, args, positions))
     if runner.compiled_on_disk() or runner.device.type != "cpu":
         return runner
     args.backend = "torch:eager"

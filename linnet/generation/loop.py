@@ -69,6 +69,7 @@ def generate(
         if result.status != OK:
             raise LinnetError(result.message)
         token = result.token
+        assert token is not None  # a step that read a whole prompt, or decoded, samples
         if not out.token_ids:
             out.ttft_s = time.perf_counter() - start
             first = time.perf_counter()

@@ -95,8 +95,14 @@ decompositions.
 """
 from linnet.program.builder import SectionBuilder, build_program
 from linnet.program.ir import SIZES, Op, Program, Section, Shape, Value, layer_section_name, plan_section
-from linnet.program.passes import (fold_norm_weights, fuse_norm_linears, fuse_projections, infer_types, lower,
-                                   quantize_weights)
+from linnet.program.passes import (
+    fold_norm_weights,
+    fuse_norm_linears,
+    fuse_projections,
+    infer_types,
+    lower,
+    quantize_weights,
+)
 from linnet.program.printer import format_program
 
 __all__ = ["SIZES", "Op", "Program", "Section", "SectionBuilder", "Shape", "Value", "build_program",

@@ -48,7 +48,8 @@ class SectionBuilder:
         self.ops.append(op)
         return names[0] if outs == 1 else tuple(names)
 
-    def named(self, kind: str, inputs: tuple[str, ...], names: tuple[str, ...], attrs: dict[str, Any] | None = None) -> None:
+    def named(self, kind: str, inputs: tuple[str, ...], names: tuple[str, ...],
+              attrs: dict[str, Any] | None = None) -> None:
         """Append an op whose outputs take the given names (a layer's cache results, a split's parts)."""
         op = Op(kind, names, inputs, attrs or {})
         taken = [n for n in names if n in self.env]
@@ -80,7 +81,7 @@ class SectionBuilder:
         return self.op("embedding", ("tokens", self.weight(name, (self.spec.vocab_size, self.spec.hidden_size))), "x")
 
     def linear(self, x: str, name: str, out: int, bias: bool = False, hint: str | None = None) -> str:
-        inputs = (x, self.weight(name, (out, self.width(x))))
+        inputs: tuple[str, ...] = (x, self.weight(name, (out, self.width(x))))
         if bias:
             inputs += (self.weight(f"{name}_bias", (out,)),)
         return self.op("linear", inputs, hint or name)

@@ -113,11 +113,11 @@ def _cache_write(op: Op, args: list[Value], spec: ModelSpec, act: str) -> list[V
 
 def _attention(op: Op, args: list[Value], spec: ModelSpec, act: str) -> list[Value]:
     a = args[0]
-    _need(op, args, a.shape[2] % args[1].shape[1] == 0, "query heads must be a multiple of key/value heads")
+    _need(op, args, int(a.shape[2]) % int(args[1].shape[1]) == 0, "query heads must be a multiple of key/value heads")
     _need(op, args, isinstance(op.attrs.get("scale"), float), "attention needs its scale")
     window = op.attrs.get("window")
     _need(op, args, window is None or type(window) is int and window > 0, "a window must be a positive integer")
-    return [Value((*a.shape[:2], a.shape[2] * a.shape[3]), a.dtype)]
+    return [Value((*a.shape[:2], int(a.shape[2]) * int(a.shape[3])), a.dtype)]
 
 
 def _pair(op: Op, args: list[Value], spec: ModelSpec, act: str) -> list[Value]:
@@ -238,7 +238,8 @@ def uncovered(native: set[str]) -> list[str]:
         definition = OPS[kind]
         if definition.decompose is None or kind in seen:
             return False
-        probe = Op(kind, ("out",), tuple(f"in{i}" for i in range(definition.arity)), {"cap": 1.0, "eps": 1e-6, "dtype": "f32"})
+        probe = Op(kind, ("out",), tuple(f"in{i}" for i in range(definition.arity)),
+                   {"cap": 1.0, "eps": 1e-6, "dtype": "f32"})
         return all(covered(o.kind, seen | {kind}) for o in definition.decompose(probe, lambda hint: hint))
 
     return [kind for kind in OPS if not covered(kind)]

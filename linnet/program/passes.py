@@ -102,7 +102,7 @@ def fuse_projections(program: Program) -> Program:
                     biased = [len(op.inputs) == 3 for op in run]
                     if any(biased) and not all(biased):
                         break  # a partly biased run would need zero biases invented: leave it unfused
-                    inputs = (run[0].inputs[0], f"w.{name}")
+                    inputs: tuple[str, ...] = (run[0].inputs[0], f"w.{name}")
                     plan = [(name, parts)]
                     if all(biased):
                         inputs += (f"w.{name}_bias",)
@@ -110,7 +110,8 @@ def fuse_projections(program: Program) -> Program:
                     fused.extend(p for p in plan if p not in fused)
                     outs = tuple(op.outs[0] for op in run)
                     sizes = tuple(env[o].shape[-1] for o in outs)
-                    ops[i:i + len(parts)] = [Op("linear", (name,), inputs), Op("split", outs, (name,), {"sizes": sizes})]
+                    ops[i:i + len(parts)] = [Op("linear", (name,), inputs),
+                                             Op("split", outs, (name,), {"sizes": sizes})]
                     break
             i += 1
         return replace(section, ops=tuple(ops))

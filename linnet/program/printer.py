@@ -1,6 +1,8 @@
 """The Program as text: ``linnet compile MODEL --target program``."""
 from __future__ import annotations
 
+from typing import Any
+
 from linnet.program.ir import Program
 from linnet.program.passes import infer_types
 
@@ -18,7 +20,7 @@ def format_program(program: Program) -> str:
         "  -> logits, cache_k', cache_v'   (cache_k/cache_v: one per layer)",
     ]
     if len(program.kinds) > 1:
-        runs = []
+        runs: list[list[Any]] = []  # [kind, first layer, last layer]
         for i, kind in enumerate(program.layer_kinds):
             if runs and runs[-1][0] == kind:
                 runs[-1][2] = i

@@ -16,7 +16,10 @@ from typing import Any, Literal
 
 from linnet.errors import LinnetError, RegistryError
 
-T = typing.TypeVar("T")
+if typing.TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = typing.TypeVar("T", bound="DataclassInstance")
 
 _KINDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
@@ -50,7 +53,7 @@ def _read(tp: Any, value: Any, where: str, path: str, error: type[LinnetError]) 
         if not isinstance(value, dict):
             _fail(error, where, path, f"expected a table, got {value!r}")
         return {k: _read(args[1], v, where, _join(path, k), error) for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return parse(tp, value, where, error, path)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)  # an integer is a fine number

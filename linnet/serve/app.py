@@ -11,7 +11,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -102,7 +102,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None) -> F
             if len(prompt) != 1:
                 raise APIError(400, "one prompt per request: this server does not batch prompts", param="prompt")
             prompt = prompt[0]
-        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+        # what is left of a list is token ids (or nothing): a list of strings was one string above
+        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else cast(list[int], prompt)
         return await generate(body, ids, Responder(model_name, chat=False), request)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])

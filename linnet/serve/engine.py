@@ -99,15 +99,20 @@ class Request:
     """A submitted request: its handle for cancelling and, without a callback, for reading its events."""
 
     def __init__(self, engine: Engine, prompt_ids: list[int], params: Params,
-                 on_event: Callable[[Event], None] | None):
+                 on_event: Callable[[Event], object] | None):
         self.engine = engine
         self.prompt_ids = prompt_ids
         self.params = params
         self.row: int | None = None  # the cache row it runs in, once admitted
         self.submitted = time.perf_counter()
         self.done = False
-        self._events: queue.Queue[Event] | None = None if on_event else queue.Queue()
-        self._on_event = on_event or self._events.put
+        self._events: queue.Queue[Event] | None = None
+        self._on_event: Callable[[Event], object]
+        if on_event:
+            self._on_event = on_event
+        else:
+            self._events = queue.Queue()
+            self._on_event = self._events.put
 
     def cancel(self) -> None:
         """Stop generating and free the row (from any thread; nothing happens once it has finished)."""
@@ -125,10 +130,12 @@ class Request:
 
     def result(self) -> Completion:
         """Wait for the end; the whole text, tokens and counts."""
-        text, tokens = [], []
+        text: list[str] = []
+        tokens: list[int] = []
         for event in self.events():
             text.append(event.text)
             tokens += event.token_ids
+        assert event.finish_reason is not None  # events() ends with the last
         return Completion("".join(text), tokens, event.finish_reason, event.prompt_tokens,
                           event.completion_tokens, event.error)
 
@@ -144,6 +151,11 @@ class _Running:
     fed: int = 0  # prompt tokens written so far
     last: int | None = None  # the last token sampled, fed back in the next step
     sampled: int = 0
+
+    def decode(self, row: int) -> Decode:
+        """The next decode step of a row whose prompt has been read (and so has sampled)."""
+        assert self.last is not None
+        return Decode(row, self.last)
 
 
 class Engine:
@@ -190,7 +202,7 @@ class Engine:
         return self.runner.cache.positions - prompt_tokens + 1
 
     def submit(self, prompt_ids: Sequence[int], params: Params = Params(),
-               on_event: Callable[[Event], None] | None = None) -> Request:
+               on_event: Callable[[Event], object] | None = None) -> Request:
         """Queue a request, or raise ``RequestError`` (it cannot run as asked) or ``QueueFull``."""
         prompt_ids = list(prompt_ids)
         self._check(prompt_ids, params)
@@ -309,7 +321,7 @@ class Engine:
         are read join the reading at the next call rather than after the step: a burst's late arrivals
         would otherwise wait a whole step of other prompts before theirs began (Qwen's shapes, 16 at a
         time: the later waves' last first tokens at 6.2-6.5 s; docs/NOTEBOOK.md)."""
-        decoding = [(run, Decode(row, run.last)) for row, run in self._running.items()
+        decoding = [(run, run.decode(row)) for row, run in self._running.items()
                     if run.fed == len(run.request.prompt_ids)]
         started, sampled, budget = time.perf_counter(), 0, self.prefill_tokens
         while budget and not self._stopping:
@@ -343,12 +355,12 @@ class Engine:
             self._running[p.row].fed += len(p.tokens)
         return group
 
-    def _call(self, **part: list) -> int:
+    def _call(self, prefill: Sequence[Prefill] = (), decode: Sequence[Decode] = ()) -> int:
         """One runner step over a group of prompt chunks or the decoding rows; how many tokens it sampled."""
-        rows = [item.row for item in part.get("prefill", part.get("decode", []))]
+        rows = [p.row for p in prefill] + [d.row for d in decode]
         sampling = {row: self._running[row].request.params.sampling for row in rows}
         sampled = 0
-        for row, result in self.runner.step(**part, sampling=sampling).items():
+        for row, result in self.runner.step(prefill=prefill, decode=decode, sampling=sampling).items():
             sampled += result.token is not None
             self._advance(self._running[row], result)
         return sampled
@@ -381,10 +393,11 @@ class Engine:
         if request.done:
             return
         request.done = True
-        run = self._running.pop(request.row, None) if request.row is not None else None
-        if run is not None:
-            self.runner.reset(request.row)
-            heapq.heappush(self._free, request.row)
+        row = request.row
+        run = self._running.pop(row, None) if row is not None else None
+        if row is not None and run is not None:
+            self.runner.reset(row)
+            heapq.heappush(self._free, row)
             if run.stream and not run.stream.stopped and reason != CANCELLED:
                 text += run.stream.finish()
         else:

@@ -101,7 +101,7 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def finish_reason(event: Event) -> str:
+def finish_reason(event: Event) -> str | None:
     return event.finish_reason if event.finish_reason not in (ERROR, CANCELLED) else "error"
 
 

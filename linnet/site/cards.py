@@ -69,7 +69,7 @@ def _fastest(results: Results, side: Side, metric: str) -> Row | None:
             and fnmatchcase(r.id, side.ids) and (r.linnet or not side.linnet)]
     if not rows:
         return None
-    return (min if METRICS[metric] else max)(rows, key=lambda r: r.value(metric))
+    return (min if METRICS[metric] else max)(rows, key=lambda r: r.measured(metric))
 
 
 def _ratio(ours: Row, theirs: Row, metric: str) -> float:
@@ -77,7 +77,7 @@ def _ratio(ours: Row, theirs: Row, metric: str) -> float:
     a = ours.against
     if a is not None and a.row == theirs.id and a.metric == metric:
         return a.ratio
-    mine, other = ours.value(metric), theirs.value(metric)
+    mine, other = ours.measured(metric), theirs.measured(metric)
     return other / mine if METRICS[metric] else mine / other
 
 

@@ -80,8 +80,8 @@ def chart(results: Results, metric: str, title: str) -> Chart | None:
     if not rows:
         return None
     pick = min if METRICS[metric] else max
-    best = pick(rows, key=lambda r: r.value(metric))  # the first of equals: one red bar per chart
-    extent, tick_values = axis(max(r.value(metric) for r in rows))
+    best = pick(rows, key=lambda r: r.measured(metric))  # the first of equals: one red bar per chart
+    extent, tick_values = axis(max(r.measured(metric) for r in rows))
     ticks = [Tick(fmt.tick(t), 100 * t / extent, "middle") for t in tick_values]
     ticks[0] = Tick(ticks[0].text, 0, "start")
     last = ticks[-1]
@@ -97,7 +97,7 @@ def chart(results: Results, metric: str, title: str) -> Chart | None:
         groups.append(Label(group, y))
         y += GROUP_HEIGHT
         for row in members:
-            v = row.value(metric)
+            v = row.measured(metric)
             width = max(100 * v / extent, MIN_WIDTH)
             bars.append(Bar(row.name, fmt.metric(v, metric), y, width, row is best))
             y += BAR_HEIGHT

@@ -65,7 +65,9 @@ def against(row: Row, results: Results) -> str:
     a = row.against
     if a is None:
         return ""
-    other = results.find(a.row).name
+    found = results.find(a.row)
+    assert found is not None  # validated results name rows that are there
+    other = found.name
     return f"{change(a.ratio)} from {other}" if a.export else f"{ratio(a.ratio)} {other}"
 
 

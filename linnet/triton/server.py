@@ -32,7 +32,9 @@ def missing() -> str | None:
 def dist() -> Path:
     """pytriton's copy of Triton: bin/tritonserver, its backends and the stubs (found without importing
     pytriton, whose client needs packages the server does not)."""
-    return Path(importlib.util.find_spec("pytriton").submodule_search_locations[0]) / "tritonserver"
+    found = importlib.util.find_spec("pytriton")
+    assert found is not None and found.submodule_search_locations, "pytriton is not installed"
+    return Path(found.submodule_search_locations[0]) / "tritonserver"
 
 
 def stub() -> Path:

@@ -24,6 +24,7 @@ from linnet.model import open_model
 transformers = pytest.importorskip("transformers")
 
 from checkpoints import CASE_IDS, FAMILY_CASES  # noqa: E402  (every shape that breaks naive code)
+
 RELATIVE_TOLERANCE = {"bf16": 0.05, "f16": 0.01}
 VOCAB = 331
 

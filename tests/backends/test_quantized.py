@@ -28,8 +28,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from checkpoints import Case, build_checkpoint
+
 from linnet.backends import CacheShape, create_runner
 from linnet.backends.onnx.export import onnx_program
 from linnet.backends.reference.interpreter import run_step

@@ -37,7 +37,8 @@ def checkpoint(checkpoint_dir, tmp_path_factory) -> Path:
 def use_small_plan(monkeypatch: pytest.MonkeyPatch) -> list[Planned]:
     """The reference, one Linnet backend in two dtypes, a peer that cannot run here, and a worker that hangs."""
     rows = [Planned("transformers", "transformers", "f32"), Planned("torch:eager@f32", "torch:eager", "f32"),
-            Planned("torch:eager@bf16", "torch:eager", "bf16"), Planned("torch:cudagraphs@f32", "torch:cudagraphs", "f32"),
+            Planned("torch:eager@bf16", "torch:eager", "bf16"),
+            Planned("torch:cudagraphs@f32", "torch:cudagraphs", "f32"),
             Planned(SLEEPER, SLEEPER, "f32")]
     monkeypatch.setattr(bench_all, "plan", lambda dtype: rows)
     command = harness.worker_command

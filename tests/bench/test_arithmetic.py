@@ -34,6 +34,7 @@ def test_a_serving_row_gets_its_share_of_the_rate_and_a_row_not_run_gets_none(ch
     skipped = Row("vllm:serve", "Serving", "vLLM", not_run="no vLLM")
     gflop = arithmetic.flops_per_token(spec) / 1e9
     arithmetic.add_notes([ran, skipped], spec, gflop_s=400 * gflop, dtype="f32")  # 100 tok/s is a quarter
-    assert arithmetic.share(ran) == "25%" and ran.notes[0].endswith("of the f32 matrix-product rate measured in this run")
+    assert arithmetic.share(ran) == "25%"
+    assert ran.notes[0].endswith("of the f32 matrix-product rate measured in this run")
     assert skipped.notes == [] and arithmetic.share(skipped) == "–"
     assert arithmetic.measured(Machine(None, matmul_gflop_s=Metric(123.4))) == " · matrix products 123 GFLOP/s"

@@ -23,7 +23,8 @@ def test_bandwidth_is_measured_in_a_process_like_the_workers():
     log = io.StringIO()
     samples = bandwidth.measure_apart(importable_here(worker_environment(1, "passive")), log,
                                       buffer_bytes=64 * MIB, passes=3)
-    assert log.getvalue() == "linnet bench: measuring the read bandwidth ...\n" and len(samples) == 3 and all(math.isfinite(s) and 0.1 < s < 10_000 for s in samples)
+    assert log.getvalue() == "linnet bench: measuring the read bandwidth ...\n" and len(samples) == 3
+    assert all(math.isfinite(s) and 0.1 < s < 10_000 for s in samples)
 
 
 def test_bandwidth_is_recorded_and_validated():
@@ -91,7 +92,8 @@ def test_a_linnet_row_running_a_gguf_files_blocks_reads_them_as_stored(checkpoin
                "torch:eager": {"notes": []}}
     reads = bandwidth.reads_of_subjects(job, model.spec, reports)
     assert reads["torch:inductor"].weights == sum(bandwidth.weights_of_gguf(path, model.spec).values())
-    assert set(reads["torch:inductor"].weight_type.split(", ")) == {"q8_0", "f32", "f16"} and reads["torch:inductor"].kv_type == "f32"
+    assert set(reads["torch:inductor"].weight_type.split(", ")) == {"q8_0", "f32", "f16"}
+    assert reads["torch:inductor"].kv_type == "f32"
     assert reads["torch:eager"].weight_type == "f32"  # widened to the run's dtype at load
 
 

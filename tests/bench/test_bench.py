@@ -14,8 +14,15 @@ import torch
 from linnet.backends import registry
 from linnet.backends.registry import BackendPackage, get_backend
 from linnet.bench import worker
-from linnet.bench.harness import (Settings, add_comparisons, distance_from_reference, make_row, run_bench,
-                                  run_turns, worker_environment)
+from linnet.bench.harness import (
+    Settings,
+    add_comparisons,
+    distance_from_reference,
+    make_row,
+    run_bench,
+    run_turns,
+    worker_environment,
+)
 from linnet.bench.protocol import Job, random_prompt
 from linnet.bench.table import format_results
 from linnet.commands import bench

@@ -7,14 +7,14 @@ import shutil
 import struct
 from pathlib import Path
 
+from fuzz_harness import JSON, clean, edited, fast_and_long, mutated
 from hypothesis import assume
 from hypothesis import strategies as st
-from fuzz_harness import JSON, clean, edited, fast_and_long, mutated
 
 from linnet import registry
+from linnet.errors import RegistryError
 from linnet.files import map_safetensors
 from linnet.registry.schema import Entry, check_entry, parse
-from linnet.errors import RegistryError
 from linnet.results import from_data, load_results
 from linnet.site.render import bundled_results
 from linnet.spec import load_spec

@@ -6,9 +6,9 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+from fuzz_harness import clean, fast_and_long, mutated
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 from hypothesis import strategies as st
-from fuzz_harness import clean, fast_and_long, mutated
 
 from linnet.errors import WeightError
 from linnet.gguf.format import GGUFFile
@@ -121,7 +121,7 @@ def test_huge_claims_are_refused_before_anything_is_allocated(tmp_path):
         path.write_bytes(data + bytes(64))
         tracemalloc.start()
         try:
-            clean(lambda: GGUFFile(path), path)
+            clean(lambda path=path: GGUFFile(path), path)
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()

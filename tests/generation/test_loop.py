@@ -45,7 +45,8 @@ def test_streamed_text_equals_the_final_text(runner, model):
 
 
 def test_prompt_longer_than_the_cache_is_a_clear_error(runner):
-    with pytest.raises(CacheFull, match=r"the prompt's 40 tokens and up to 10 new tokens need 40 \+ 10 - 1 = 49 cache positions .*holds 48"):
+    with pytest.raises(CacheFull, match=r"the prompt's 40 tokens and up to 10 new tokens need "
+                                        r"40 \+ 10 - 1 = 49 cache positions .*holds 48"):
         generate(runner, [3] * 40, max_new_tokens=10)
     with pytest.raises(CacheFull, match="do not fit"):
         runner.prefill(0, [3] * 49)

@@ -10,10 +10,10 @@ from checkpoints import FAMILY_CASES
 
 from linnet.backends.reference.interpreter import OPS as REFERENCE_OPS
 from linnet.backends.reference.interpreter import run_step
+from linnet.names import expected_shapes
 from linnet.program import build_program, lower
 from linnet.program.ops import OPS, uncovered
 from linnet.rope import rope_tables
-from linnet.names import expected_shapes
 
 # Each emitter's module and the ops it lowers natively; a module that cannot be imported here (its
 # runtime missing) is skipped.

@@ -4,12 +4,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from checkpoints import CASES_BY_ID, hf_config
 
 from linnet.errors import LinnetError
-from linnet.program import (Op, Value, build_program, fold_norm_weights, fuse_norm_linears, fuse_projections,
-                            infer_types)
+from linnet.program import Op, Value, build_program, fold_norm_weights, fuse_norm_linears, fuse_projections, infer_types
 from linnet.spec import spec_from_hf_config
-from checkpoints import CASES_BY_ID, hf_config
 
 QWEN2 = spec_from_hf_config(hf_config(CASES_BY_ID["qwen2-tied"]))  # qkv bias, tied
 QWEN3 = spec_from_hf_config(hf_config(CASES_BY_ID["qwen3-gqa3"]))  # q/k norm, head_dim 32 != 48 / 6

@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 import pytest
+from serve_helpers import CASE, FOX, stop_across_tokens
 
 from linnet.backends import CacheShape, create_runner
 from linnet.backends.registry import backends, get_backend
@@ -13,8 +14,6 @@ from linnet.errors import LinnetError
 from linnet.generation import Sampling, generate
 from linnet.model import open_model
 from linnet.serve import CANCELLED, LENGTH, STOP, Engine, Params, QueueFull, RequestError
-
-from serve_helpers import CASE, FOX, stop_across_tokens
 
 ROWS, POSITIONS = 3, 64
 SLOW = ("torch:inductor", "torch:cudagraphs")  # inductor compiles for minutes in a fresh process
@@ -66,7 +65,8 @@ def test_a_burst_of_prompts_reads_within_the_step_budget(checkpoint_dir, budget,
         fed[engine.metrics.steps] = fed.get(engine.metrics.steps, 0) + sum(len(p.tokens) for p in prefill)
         return step(prefill=prefill, decode=decode, **kw)
     runner.step = counted
-    requests = [engine.submit(prompt(n, s), Params(max_tokens=1, ignore_eos=True)) for n, s in ((9, 1), (14, 2), (5, 3))]
+    requests = [engine.submit(prompt(n, s), Params(max_tokens=1, ignore_eos=True))
+                for n, s in ((9, 1), (14, 2), (5, 3))]
     engine.start()
     try:
         assert all(r.result().completion_tokens == 1 for r in requests)
@@ -105,8 +105,10 @@ def test_a_request_that_comes_while_prompts_are_read_joins_that_reading(checkpoi
     specs = [(9, 1, 4), (14, 2, 3), (5, 3, 2)]  # A, B, C: (prompt length, seed, new tokens)
     alone = [generate(runner, prompt(n, s), new, eos_ids=[]).token_ids for n, s, new in specs]
     engine = Engine(runner, tokenizer)
-    submit = lambda i: engine.submit(prompt(*specs[i][:2]), Params(max_tokens=specs[i][2], ignore_eos=True))
     calls, requests, step = [], [], runner.step
+
+    def submit(i):
+        return engine.submit(prompt(*specs[i][:2]), Params(max_tokens=specs[i][2], ignore_eos=True))
 
     def recorded(prefill=(), decode=(), **kw):
         calls.append((engine.metrics.steps, "prefill" if prefill else "decode", [x.row for x in prefill or decode]))

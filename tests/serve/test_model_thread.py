@@ -4,13 +4,12 @@ from __future__ import annotations
 import threading
 
 import pytest
+from serve_helpers import CASE
 
 from linnet.backends import CacheShape, create_runner
 from linnet.errors import LinnetError
 from linnet.model import open_model
 from linnet.serve import Engine, ModelThread, Params
-
-from serve_helpers import CASE
 
 
 def test_jobs_run_in_order_on_one_thread_and_errors_reach_the_caller():

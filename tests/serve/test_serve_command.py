@@ -11,9 +11,9 @@ import time
 import httpx
 import openai
 import pytest
+from serve_helpers import CASE
 
 from linnet.commands.serve import default_backend
-from serve_helpers import CASE
 
 
 def free_port() -> int:

@@ -7,14 +7,13 @@ import asyncio
 import httpx
 import openai
 import pytest
+from serve_helpers import CASE, FOX, running_server, stop_across_tokens, wait_idle
 
 from linnet.backends import CacheShape, create_runner
 from linnet.generation import generate
 from linnet.model import open_model
 from linnet.serve import Engine
 from linnet.serve.app import create_app
-
-from serve_helpers import CASE, FOX, running_server, stop_across_tokens, wait_idle
 
 NAME = "tiny-qwen3"
 ROWS, POSITIONS = 8, 128

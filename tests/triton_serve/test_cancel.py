@@ -12,11 +12,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from checkpoints import CASES_BY_ID, build_checkpoint
-from linnet.cli import main
-
 from triton_server import missing, tritonserver
+
+from linnet.cli import main
 
 ROWS, POSITIONS = 2, 2048
 LONG, SHORT = 2000, 8  # new tokens: the cancelled generations', and the requests' that follow

@@ -8,13 +8,12 @@ import threading
 
 import numpy as np
 import pytest
+from triton_server import missing, tritonserver
 
 from linnet.backends import CacheShape, create_runner
 from linnet.cli import main
 from linnet.model import open_model
 from linnet.serve import LENGTH, Engine, Params
-
-from triton_server import missing, tritonserver
 
 CASE = "qwen3-gqa3"
 ROWS, POSITIONS = 4, 64

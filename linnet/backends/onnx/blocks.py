@@ -17,6 +17,7 @@ Scales and mins are the blocks' values in the activations' type (f32 or f16).
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from linnet.quantize import affine
 
@@ -33,7 +34,7 @@ def bits(form: str) -> int:
     return BITS.get(form, 4)
 
 
-def onnx_parts(blocks: np.ndarray, form: str, float_type: np.dtype = np.float32) -> dict[str, np.ndarray]:
+def onnx_parts(blocks: np.ndarray, form: str, float_type: DTypeLike = np.float32) -> dict[str, np.ndarray]:
     """Rows of ``form``'s block bytes as MatMulNBits' inputs: codes [N, K / block, block * bits / 8]
     uint8, scales [N, K / block] in ``float_type`` (the activations'), zero points where they are not
     the default (4 bits: packed two a byte), and mins [N, K / block] where the form has them."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from numpy.typing import DTypeLike
 
 from linnet.backends.onnx.blocks import onnx_parts
 from linnet.backends.onnx.graph import GraphOptions, build_graph
@@ -36,7 +37,7 @@ def onnx_program(spec: ModelSpec, dtype: str, weights: Any = None, quantize: str
     return quantize_weights(program, forms, int8_activations=True) if forms else program
 
 
-def planned_arrays(weights: Any, program: Program, float_type: np.dtype = np.float32) -> dict[str, np.ndarray]:
+def planned_arrays(weights: Any, program: Program, float_type: DTypeLike = np.float32) -> dict[str, np.ndarray]:
     """The weight plan's arrays; a matrix in blocks as MatMulNBits' parts (``name.codes``, ``name.scales``
     ..., ``blocks.onnx_parts``), their scales in ``float_type``."""
     arrays = plan_weights(weights, WeightPlan.of(program))

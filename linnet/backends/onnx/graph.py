@@ -45,8 +45,9 @@ run dtype's while the arithmetic runs where kernels exist.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -71,6 +72,8 @@ NATIVE_OPS = frozenset({
     "rms_norm", "rotary", "attention", "rms_linear",
     "swiglu", "layer_norm", "softcap"})
 ATTENTION_ATTRS = {"scale", "softcap", "window"}
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ class _Emitter:
         self.nodes: list[onnx.NodeProto] = []
         self.constants: list[onnx.TensorProto] = []
         self._names: set[str] = set()
-        self._shared: dict[str, str] = {}  # per-step values every layer reuses
+        self._shared: dict[str, Any] = {}  # per-step values every layer reuses: names, or pairs of names
         self.weight_shapes: dict[str, tuple[int, ...]] = {}  # each weight's value name -> its shape
         self.lead_source = "tokens"
         self._flat: dict[str, tuple[str, int, int]] = {}  # a per-head value not yet reshaped -> (flat, heads, width)
@@ -128,10 +131,15 @@ class _Emitter:
         self._names.add(name)
         return name
 
-    def node(self, op: str, inputs: list[str], hint: str, outs: int = 1, domain: str = "", **attrs) -> str | list[str]:
+    def node(self, op: str, inputs: list[str], hint: str, domain: str = "", **attrs: Any) -> str:
+        """A node with one output: its name."""
+        return self.node_outs(op, inputs, hint, 1, domain, **attrs)[0]
+
+    def node_outs(self, op: str, inputs: list[str], hint: str, outs: int, domain: str = "", **attrs: Any) -> list[str]:
+        """A node with ``outs`` outputs: their names."""
         names = [self.fresh(hint if outs == 1 else f"{hint}_{k}") for k in range(outs)]
         self.nodes.append(helper.make_node(op, inputs, names, name=names[0], domain=domain or None, **attrs))
-        return names[0] if outs == 1 else names
+        return names
 
     def const(self, hint: str, value: np.ndarray) -> str:
         name = self.fresh(hint)
@@ -207,8 +215,8 @@ class _Emitter:
         """x / rms(x) in float32, rounded to the run dtype: the RMS norm before its weight."""
         x32 = self.to_f32(x)
         mean = self.node("ReduceMean", [self.node("Mul", [x32, x32], "sq"), self.ints(-1)], "ms", keepdims=1)
-        scale = self.node("Reciprocal", [self.node("Sqrt", [self.node("Add", [mean, self.scalar(eps, "f32")], "ms_eps")],
-                                                   "rms")], "inv_rms")
+        rms = self.node("Sqrt", [self.node("Add", [mean, self.scalar(eps, "f32")], "ms_eps")], "rms")
+        scale = self.node("Reciprocal", [rms], "inv_rms")
         normed = self.rounded(self.node("Mul", [x32, scale], "normed"))
         return normed if self.compute == "f32" else self.cast(normed, self.compute, "normed_act")
 
@@ -241,7 +249,7 @@ class _Emitter:
                                                                axis=0)], "linear"))
 
     def op_split(self, op: Op, x: str) -> list[str]:
-        return self.node("Split", [x, self.ints(*op.attrs["sizes"])], "part", outs=len(op.outs), axis=-1)
+        return self.node_outs("Split", [x, self.ints(*op.attrs["sizes"])], "part", len(op.outs), axis=-1)
 
     def op_split_heads(self, op: Op, x: str) -> str:
         if self.contrib:  # reshaped only if an op needs the heads apart (``heads``)
@@ -250,6 +258,7 @@ class _Emitter:
 
     def op_rotary(self, op: Op, x: str, positions: str, cos: str, sin: str) -> str:
         _, _, heads, width = self.types[op.inputs[0]].shape  # width: the head's, or its rotated part's
+        assert isinstance(heads, int) and isinstance(width, int)
         if self.contrib:  # com.microsoft RotaryEmbedding: [R, T, heads, D] as [R, T, heads * D]
             cos_half, sin_half = self._shared["cos_half"], self._shared["sin_half"]
             y = self.node("RotaryEmbedding", [self.flat(x), positions, cos_half, sin_half], "rot",
@@ -257,7 +266,7 @@ class _Emitter:
             return self.flat_heads(self.rounded(y), heads, width)
         c, s = self._rope_gathered()
         half = width // 2
-        lo, hi = self.node("Split", [x, self.ints(half, half)], "half", outs=2, axis=-1)
+        lo, hi = self.node_outs("Split", [x, self.ints(half, half)], "half", 2, axis=-1)
         rotated = self.node("Concat", [self.node("Neg", [hi], "neg"), lo], "rot_half", axis=-1)
         a = self.rounded(self.node("Mul", [x, c], "xc"))
         b = self.rounded(self.node("Mul", [rotated, s], "rs"))
@@ -416,14 +425,15 @@ class _Emitter:
         1.32's CPU kernel, is the Program's window: W keys, the query's own included (older sources kept
         W + 1; tests/backends/onnx pins it)."""
         spec = self.spec
-        attrs = {"scale": op.attrs["scale"]}
+        attrs: dict[str, Any] = {"scale": op.attrs["scale"]}
         if "softcap" in op.attrs:
             attrs["softcap"] = op.attrs["softcap"]
         if "window" in op.attrs:
             attrs["local_window_size"] = op.attrs["window"]
         (past_k, k), (past_v, v) = self._appended.pop(cache_k), self._appended.pop(cache_v)
         seqlens, total = self._gqa_lengths()
-        qkv, rotary = [self.flat(q), k, v], {}
+        qkv = [self.flat(q), k, v]
+        rotary: dict[str, Any] = {}
         packed = self._packed_rotary(*qkv)
         if packed:  # the kernel splits q/k/v and rotates q and k itself
             qkv, rotary = [packed, "", ""], {"do_rotary": 1, "rotary_interleaved": 0}
@@ -477,7 +487,7 @@ class _Emitter:
         return name
 
     # -- per-step values, built once and shared by every layer ----------------------------------
-    def _once(self, key: str, build) -> str:
+    def _once(self, key: str, build: Callable[[], T]) -> T:
         if key not in self._shared:
             self._shared[key] = build()
         return self._shared[key]
@@ -594,7 +604,7 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
     inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, shape) for n, shape in
               (("tokens", ["R", "T"]), ("positions", ["R", "T"]), ("rows", ["R"]), ("select", ["R", "S"]))]
     cache_type = ONNX_TYPES[e.compute]
-    cache_shape = ["ROWS", spec.num_kv_heads, "P", spec.head_dim]
+    cache_shape: list[str | int] = ["ROWS", spec.num_kv_heads, "P", spec.head_dim]
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["R", "S", spec.vocab_size]),
                helper.make_tensor_value_info("next_ids", TensorProto.INT64, ["R", "S"])]
     e._names.update(("tokens", "positions", "rows", "select", "logits", "next_ids"))
@@ -623,7 +633,8 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
     last.output[0] = "logits"
     e.nodes.append(helper.make_node("ArgMax", ["logits"], ["next_ids"], axis=-1, keepdims=0))
 
-    declared = [_declared(name, types.get(name, ONNX_TYPES[stored]), weight_shapes[plan]) for name, plan in weights.items()]
+    declared = [_declared(name, types.get(name, ONNX_TYPES[stored]), weight_shapes[plan])
+                for name, plan in weights.items()]
     graph = helper.make_graph(e.nodes, f"linnet_{spec.architecture}_step", inputs, outputs,
                               initializer=[*rope, *e.constants, *declared])
     opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid("com.microsoft", 1)] if e.contrib else [])

@@ -119,8 +119,10 @@ def _build(model: torch.nn.Module, example: tuple, dynamic: bool, path: Path) ->
     inputs = (tokens, positions, rows, select, state(model))
     as_given = torch.utils._pytree.tree_map(lambda _: None, inputs[2:4])
     cache_k, cache_v, cos, sin, _ = torch.utils._pytree.tree_map(lambda _: None, inputs[4])
-    span = torch.export.Dim("span", min=2, max=model.key_positions.shape[0])  # the key positions: any length
-    length = torch.export.Dim("length", min=2, max=model.cos.shape[0]) if dynamic else None  # the prompt's
+    key_positions, rope_cos = model.key_positions, model.cos
+    assert isinstance(key_positions, torch.Tensor) and isinstance(rope_cos, torch.Tensor)
+    span = torch.export.Dim("span", min=2, max=key_positions.shape[0])  # the key positions: any length
+    length = torch.export.Dim("length", min=2, max=rope_cos.shape[0]) if dynamic else None  # the prompt's
     token_shape = {1: length} if dynamic else None
     shapes = (token_shape, token_shape, *as_given, (cache_k, cache_v, cos, sin, {0: span}))
     program = torch.export.export(Step(model), inputs, dynamic_shapes=shapes)

@@ -128,5 +128,5 @@ def _install_guided_loops() -> None:
             out = ["#pragma omp for schedule(guided)" + out[0][len("#pragma omp for"):], *out[1:]]
         return out
 
-    lines._linnet_guided = True
-    LoopLevel.lines = lines
+    lines._linnet_guided = True  # type: ignore[attr-defined]  # marks the patch, so that it is made once
+    LoopLevel.lines = lines  # type: ignore[method-assign]  # patching inductor's class is the point

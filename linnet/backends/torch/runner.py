@@ -22,7 +22,12 @@ from linnet.backends.torch.codegen import generate_source
 from linnet.backends.torch.setup import unavailable
 from linnet.errors import BackendUnavailable, LinnetError
 from linnet.program import (
-    Program, build_program, fold_norm_weights, fuse_norm_linears, fuse_projections, quantize_weights,
+    Program,
+    build_program,
+    fold_norm_weights,
+    fuse_norm_linears,
+    fuse_projections,
+    quantize_weights,
 )
 from linnet.quantize import block_forms, block_names, check_form
 from linnet.rope import rope_tables
@@ -73,8 +78,9 @@ def default_device(mode: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _own_code(fn: FunctionType, tag: int) -> FunctionType:
+def _own_code(fn: Callable[..., Any], tag: int) -> FunctionType:
     """fn with a code object of its own (the same code, renamed with tag)."""
+    assert isinstance(fn, FunctionType)
     code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag:x}")
     return FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
@@ -136,14 +142,15 @@ class TorchRunner(Runner):
             self.model, program, cache.rows, keep_plain=mode != "eager")
         if mode in ("inductor", "cudagraphs"):
             self._compile()
-        self._graph = None
+        self._graph: torch.cuda.CUDAGraph | None = None
         self.compile_time = 0.0  # seconds spent in the compiled steps' first calls (compiling or loading them)
         self.load_time = weights.load_time + time.perf_counter() - start
 
     def _compile(self) -> None:
         if self.mode == "inductor" and self.device.type == "cpu":
             # compiled once into AOTInductor packages on disk, which later processes load in milliseconds
-            self._prefill_fn, self._decode_fn = self._packaged("prompt step", True), self._packaged("decode step", False)
+            self._prefill_fn = self._packaged("prompt step", True)
+            self._decode_fn = self._packaged("decode step", False)
             return
         from linnet.backends.torch.decode_compile import decode_compile_options  # imports inductor
 
@@ -307,7 +314,9 @@ def _prepack_products(model: torch.nn.Module, program: Program, rows: int, keep_
     def products(section) -> set[str]:
         return {op.inputs[1].removeprefix("w.") for op in section.ops if op.kind in ("linear", "rms_linear")}
 
-    owners = [(block, name) for i, block in enumerate(model.layers) for name in products(program.layer_section(i))]
+    layers = model.layers
+    assert isinstance(layers, torch.nn.ModuleList)
+    owners = [(block, name) for i, block in enumerate(layers) for name in products(program.layer_section(i))]
     owners += [(model, name) for name in products(program.head)]
     packed = False
     for owner, name in owners:
@@ -315,7 +324,7 @@ def _prepack_products(model: torch.nn.Module, program: Program, rows: int, keep_
         if isinstance(weight, torch.Tensor) and weight.dtype == torch.float32 and weight.dim() == 2:
             relaid = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
             if keep_plain:
-                weight.onednn = relaid
+                weight.onednn = relaid  # type: ignore[attr-defined]  # a plain attribute the generated code reads
             else:
                 owner._buffers[name] = relaid
             packed = True

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -65,7 +66,7 @@ class XlaRunner(Runner):
         self.name, self.dtype = f"xla:{mode}", dtype
         self.positions = cache.positions + 1  # and the scratch position
         self._greedy = jax.jit(lambda logits: jnp.argmax(logits, axis=-1))
-        self._draw = None  # the generated `sample`, jitted; set by subclasses
+        self._draw: Callable[..., Any] | None = None  # the generated `sample`, jitted; set by subclasses
 
     def _call(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray) -> jax.Array:
         raise NotImplementedError
@@ -79,7 +80,7 @@ class XlaRunner(Runner):
         tokens = np.pad(tokens, pad)
         positions = np.pad(positions, pad, constant_values=self.scratch_position)
         every = select is None
-        if every:
+        if select is None:
             select = np.broadcast_to(np.arange(length), (r, length))
         out = self._call(tokens, positions, rows, select)
         return out[:, :t] if every else out
@@ -117,6 +118,7 @@ class XlaRunner(Runner):
                 temperature[i], top_k[i], top_p[i] = s.temperature, s.top_k, s.top_p
         unused = jax.random.PRNGKey(0)
         keys = jnp.stack([key.key for _, key in samplers] + [unused] * (rows - n))
+        assert self._draw is not None  # set by every subclass
         tokens, keys = self._draw(logits, temperature, top_k, top_p, keys)
         for i, (s, key) in enumerate(samplers):
             if not s.greedy:

@@ -76,7 +76,7 @@ def weight_shapes(program: Program) -> list[tuple[str, tuple[int, ...]]]:
         top.remove("lm_head")  # the head reads the embedding
 
     def shape(section: str, name: str) -> tuple[int, ...]:
-        return tuple(types[section][f"w.{name}"].shape)
+        return tuple(int(n) for n in types[section][f"w.{name}"].shape)  # weights have fixed sizes
 
     out = [(n, shape("head" if f"w.{n}" in types["head"] else "embed", n)) for n in top]
     for i, kind in enumerate(program.layer_kinds):
@@ -236,7 +236,8 @@ class _Emitter:
         return self.leading(scale, x.shape)
 
     def op_rms_norm(self, op: Op, x: V, w: V) -> V:
-        normed = self.convert(self.binary("multiply", self.convert(x, "f32"), self.rms_scale(x, op.attrs["eps"])), x.dtype)
+        scaled = self.binary("multiply", self.convert(x, "f32"), self.rms_scale(x, op.attrs["eps"]))
+        normed = self.convert(scaled, x.dtype)
         return self.binary("multiply", self.trailing(w, x.shape), normed)
 
     def op_linear(self, op: Op, x: V, w: V, b: V | None = None) -> V:
@@ -268,7 +269,8 @@ class _Emitter:
 
     def op_rotary(self, op: Op, x: V, positions: V, cos: V, sin: V) -> V:
         if self.rope is None:  # gathered once per step, for every layer
-            self.rope = tuple(self.convert(self.gather_rows(t, positions), self.act) for t in (cos, sin))
+            rope_cos, rope_sin = (self.convert(self.gather_rows(t, positions), self.act) for t in (cos, sin))
+            self.rope = (rope_cos, rope_sin)
         c, s = (self.broadcast(t, x.shape, [0, 1, 3]) for t in self.rope)
         half = x.shape[-1] // 2
         rotated = self.concat_last([self.unary("negate", self.slice_last(x, half, x.shape[-1])),
@@ -281,9 +283,11 @@ class _Emitter:
         indices = self.concat_last([row, self.reshape(positions, (r, t, 1))])
         return self.emit(
             f'"stablehlo.scatter"({cache.name}, {indices.name}, {value.name}) <{{indices_are_sorted = false, '
-            f"scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [2, 3], inserted_window_dims = [0, 2], "
+            f"scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [2, 3], "
+            f"inserted_window_dims = [0, 2], "
             f"scatter_dims_to_operand_dims = [0, 2], index_vector_dim = 2>, unique_indices = false}}> ({{\n"
-            f"    ^bb0(%old{self.count}: {tensor_type((), cache.dtype)}, %new{self.count}: {tensor_type((), cache.dtype)}):\n"
+            f"    ^bb0(%old{self.count}: {tensor_type((), cache.dtype)}, "
+            f"%new{self.count}: {tensor_type((), cache.dtype)}):\n"
             f"      stablehlo.return %new{self.count} : {tensor_type((), cache.dtype)}\n"
             f"    }}) : ({cache.type}, {indices.type}, {value.type}) -> {cache.type}", cache.shape, cache.dtype)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
 import jax
 import numpy as np
@@ -68,13 +69,14 @@ class StableHloRunner(XlaRunner):
         zeros = np.zeros(shape, DTYPES[dtype].numpy)
         self.caches = [jax.device_put(zeros) for _ in range(2 * spec.num_layers)]  # k per layer, then v
         self.rope = [jax.device_put(t) for t in rope_tables(spec, self.positions)]
-        self.executables: dict[Sizes, object] = {}
+        self.executables: dict[Sizes, Any] = {}  # jaxlib's loaded PJRT executables
         # The draw of the next token is the generated JAX's `sample` (it is not the model).
         self._draw = jax.jit(load_generated_module(generate_source(self.program)).sample)
         self.load_time = weights.load_time + time.perf_counter() - start
 
     def _call(self, tokens, positions, rows, select) -> jax.Array:
-        sizes = Sizes(*tokens.shape, select.shape[1], self.cache.rows, self.positions)
+        r, t = tokens.shape
+        sizes = Sizes(r, t, select.shape[1], self.cache.rows, self.positions)
         if sizes not in self.executables:
             self.executables[sizes] = compile_module(emit_module(self.program, sizes, module_name(sizes)),
                                                      module_name(sizes))

@@ -27,7 +27,8 @@ SCALE_AT = {"q4_k": (0, 2), "q6_k": (208,)}  # the f16 super-scales' byte offset
 def session(nodes: list[onnx.NodeProto], inputs: list, parts: dict[str, np.ndarray]) -> ort.InferenceSession:
     graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(a, name) for name, a in parts.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 9
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
@@ -86,7 +87,8 @@ def test_gathered_rows_are_the_blocks_values(blocks):
                             ["y"], domain="com.microsoft", bits=bits(form), block_size=block_size(form),
                             gather_axis=0, quantize_axis=2)
     ids = np.array([[3, 0, N - 1]], np.int64)
-    y = session([node], [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])], used).run(None, {"ids": ids})[0]
+    ids_info = helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])
+    y = session([node], [ids_info], used).run(None, {"ids": ids})[0]
     w = dequantized(b, form)
     if a.mins is not None:
         w = w - np.repeat(a.mins, a.block, axis=1)  # the mins are added apart

@@ -54,7 +54,8 @@ def test_compiled_files_pass_the_full_check_and_run_in_a_plain_session(checkpoin
     tolerance = 1e-4 if dtype == "f32" else 0.01 * np.abs(want).max()
     for graph in ("model.onnx", "model.ort.onnx"):
         session = ort.InferenceSession(str(out / graph), providers=["CPUExecutionProvider"])
-        logits, ids, *caches = session.run(None, step_feeds(model.spec, tokens, dtype=np.dtype(dtype.replace("f", "float"))))
+        feeds = step_feeds(model.spec, tokens, dtype=np.dtype(dtype.replace("f", "float")))
+        logits, ids, *caches = session.run(None, feeds)
         assert logits.shape == (1, len(tokens), model.spec.vocab_size) and logits.dtype == np.float32
         assert np.abs(logits[0] - want).max() <= tolerance, graph
         assert (ids == logits.argmax(-1)).all()
@@ -102,7 +103,8 @@ def test_group_query_attentions_local_window_size_counts_the_query(window):
         info("past", TensorProto.FLOAT, [1, 1, t, d]), info("seqlens", TensorProto.INT32, [1]),
         info("total", TensorProto.INT32, [])]
     graph = helper.make_graph([node], "g", inputs, [info("out", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 9
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     zeros, positions = np.zeros((1, t, d), np.float32), np.arange(t, dtype=np.float32)

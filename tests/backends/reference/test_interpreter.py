@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from checkpoints import CASE_IDS
 
 from linnet.backends.reference.interpreter import run_step
 from linnet.model import open_model
 from linnet.program import build_program, fold_norm_weights, fuse_norm_linears, fuse_projections
 from linnet.rope import rope_tables
 from linnet.weight_plan import WeightPlan, plan_weights
-from checkpoints import CASE_IDS
 
 POSITIONS = 16
 
@@ -32,7 +32,8 @@ def test_fused_and_folded_program_computes_the_plain_one(checkpoint_dir, case):
     tokens = np.random.default_rng(0).integers(3, weights.spec.vocab_size, (1, 9))
     positions = np.arange(9)[None]
     want, want_k, _ = step(plain, plan_weights(weights, WeightPlan("f32")), tokens, positions)
-    got, got_k, _ = step(passed, plan_weights(weights, WeightPlan("f32", passed.fused, passed.folded)), tokens, positions)
+    got, got_k, _ = step(passed, plan_weights(weights, WeightPlan("f32", passed.fused, passed.folded)),
+                         tokens, positions)
     assert np.abs(got - want).max() <= 1e-5
     assert np.abs(got_k[-1] - want_k[-1]).max() <= 1e-5
 

@@ -107,7 +107,8 @@ def test_onednn_product_widens_16_bit_weights_safely_across_threads():
     module = load_generated_module(generate_source(torch_program(spec_from_hf_config(SPECS["qwen3_tiny"]))))
     generator = torch.Generator().manual_seed(0)
     cases = [(torch.randn(7, 96, generator=generator), torch.randn(out, 96, generator=generator).to(dtype))
-             for out, dtype in ((300, torch.float16), (200, torch.bfloat16), (100, torch.float32), (400, torch.float16))]
+             for out, dtype in ((300, torch.float16), (200, torch.bfloat16), (100, torch.float32),
+                                (400, torch.float16))]
     errors: list[float] = []
 
     def work(x, w):

@@ -95,9 +95,11 @@ def test_stablehlo_modules_run_by_their_calling_convention(checkpoint_dir, tmp_p
     got = [int(np.argmax(logits[0, 0]))]
     names = [a["name"] for a in modules["decode"]["arguments"]]
     while len(got) < 8:
-        given = {"tokens": np.array([[got[-1]]], np.int32), "positions": np.array([[len(prompt) + len(got) - 1]], np.int32),
+        given = {"tokens": np.array([[got[-1]]], np.int32),
+                 "positions": np.array([[len(prompt) + len(got) - 1]], np.int32),
                  "rows": np.zeros(1, np.int32), "select": np.zeros((1, 1), np.int32)}
-        args = [caches[names.index(a["name"]) - 4] if a["name"].startswith("cache_") else jax.device_put(argument(a, given))
+        args = [caches[names.index(a["name"]) - 4] if a["name"].startswith("cache_")
+                else jax.device_put(argument(a, given))
                 for a in modules["decode"]["arguments"]]
         logits, *caches = (r[0] for r in decode.execute_sharded(args).disassemble_into_single_device_arrays())
         got.append(int(np.argmax(logits[0, 0])))

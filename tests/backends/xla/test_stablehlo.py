@@ -35,7 +35,8 @@ def test_a_module_xla_rejects_names_the_entry_point_and_the_op():
     broken = text.replace("contracting_dims = [2] x [1]", "contracting_dims = [2] x [0]", 1)  # the first product
     compile_module(text, "decode")  # the module as emitted compiles
     with pytest.raises(LinnetError, match=r"^XLA rejected the StableHLO module 'decode' at stablehlo\.dot_general "
-                                          r"\(layer 0: qkv = rms_linear \(%v\d+\)\): contracting dimension sizes must match"):
+                                          r"\(layer 0: qkv = rms_linear \(%v\d+\)\): "
+                                          r"contracting dimension sizes must match"):
         compile_module(broken, "decode")
 
 

@@ -40,7 +40,11 @@ def test_a_request_never_recompiles(checkpoint_dir, backend):
     out = runner.step(decode=[Decode(0, first[0].token)], sampling={0: Sampling(1.0, seed=1)})
     runner.step(decode=[Decode(0, out[0].token)])
     compiles, modules = [], len(getattr(runner, "executables", ()))
-    listener = lambda event, duration, **_: compiles.append(event) if event.endswith("backend_compile_duration") else None  # noqa: E731
+
+    def listener(event, duration, **_):
+        if event.endswith("backend_compile_duration"):
+            compiles.append(event)
+
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         for row, length in ((1, 12), (2, 30), (0, 3)):
