@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from linnet.dtypes import BY_HF, DTYPES
 from linnet.errors import UnsupportedModel
 from linnet.files import naming, read_json
@@ -19,15 +21,44 @@ MAX_LAYERS = 1024  # no published decoder has a quarter as many; bounds what a c
 
 @dataclass(frozen=True)
 class RopeSpec:
-    """Rotary embedding: plain (``default``), positions slowed by ``factor`` (``linear``), or Llama 3
-    frequency scaling (``llama3``)."""
+    """Rotary embedding: plain (``default``), positions slowed by ``factor`` (``linear``), Llama 3
+    frequency scaling (``llama3``), YaRN (``yarn``), LongRoPE (``longrope``) or dynamic NTK (``dynamic``);
+    ``linnet.rope`` says what each computes. Values transformers uses as float32 (LongRoPE's factors,
+    the attention factor) are kept as the shortest decimal of their float32."""
 
     theta: float
-    kind: str = "default"  # "default" | "linear" | "llama3"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
+    kind: str = "default"  # "default" | "linear" | "llama3" | "yarn" | "longrope" | "dynamic"
+    factor: float = 1.0  # linear, llama3, yarn, dynamic
+    low_freq_factor: float = 1.0  # llama3
     high_freq_factor: float = 1.0
+    # llama3, yarn, longrope: the pretraining context; dynamic: max_position_embeddings, where it starts
     original_max_positions: int = 0
+    attention_factor: float = 1.0  # yarn, longrope: cos and sin are multiplied by it
+    beta_fast: float = 32.0  # yarn: the ramp runs between the dims that turn beta_fast and beta_slow
+    beta_slow: float = 1.0  # times in the original context
+    truncate: bool = True  # yarn: that range rounded out to whole dims
+    short_factors: tuple[float, ...] = ()  # longrope: a divisor per frequency, positions below original
+    long_factors: tuple[float, ...] = ()  # longrope: from original on
+
+    def check(self, rotary_dim: int) -> None:
+        """What the kind needs of the rotary dims (ModelSpec calls this; the reader cannot know them)."""
+        if self.kind == "longrope":
+            for name, values in (("short_factor", self.short_factors), ("long_factor", self.long_factors)):
+                if len(values) != rotary_dim // 2:
+                    raise UnsupportedModel(f"longrope {name} has {len(values)} entries; the {rotary_dim} rotary "
+                                           f"dims need {rotary_dim // 2}")
+        if self.kind == "dynamic" and rotary_dim < 4:
+            raise UnsupportedModel(f"dynamic rope scaling needs 4 or more rotary dims, not {rotary_dim}")
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention factor for ``factor`` (transformers' yarn_get_mscale)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def f32_decimal(value: float) -> float:
+    """The shortest decimal that is the same float32: what a float32 computation sees of ``value``."""
+    return float(str(np.float32(value)))
 
 
 @dataclass(frozen=True)
@@ -89,6 +120,7 @@ class ModelSpec:
         if self.dtype not in DTYPES:
             raise UnsupportedModel(f"unsupported dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
         self._check_family_fields()
+        self.rope.check(self.rotary_dim)
         ids = [self.bos_token_id, *self.eos_token_ids]
         if any(i is not None and (type(i) is not int or not 0 <= i < self.vocab_size) for i in ids):
             raise UnsupportedModel(f"token ids {ids} (bos, eos) must be in the vocabulary of {self.vocab_size}")
@@ -100,7 +132,8 @@ class ModelSpec:
             raise UnsupportedModel(f"activation {self.activation!r} is not supported (silu, gelu, gelu_tanh)")
         if self.rope_dim is not None and (type(self.rope_dim) is not int or self.rope_dim % 2 or
                                           not 0 < self.rope_dim <= self.head_dim):
-            raise UnsupportedModel(f"rotary dimension {self.rope_dim!r} must be even and within head_dim {self.head_dim}")
+            raise UnsupportedModel(f"rotary dimension {self.rope_dim!r} must be even and within "
+                                   f"head_dim {self.head_dim}")
         for name in ("attention_scale", "attn_softcap", "final_softcap", "embedding_multiplier",
                      "residual_multiplier", "logit_multiplier"):
             value = getattr(self, name)
@@ -247,33 +280,72 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(names[k] for k in (kind if isinstance(kind, tuple) else (kind,)))
 
 
+PHI3_ORIGINAL_DEFAULT = 4096  # Phi3Config's original_max_position_embeddings when config.json omits it
+
+
 def _rope_from_config(reader: ConfigReader) -> RopeSpec:
-    # transformers 5 writes rope_parameters (theta inside); transformers 4 writes rope_theta + rope_scaling.
-    params = {**reader.get("rope_scaling", {}, dict), **reader.get("rope_parameters", {}, dict)}
-    theta = params.get("rope_theta", reader.config.get("rope_theta"))
+    """The rope scaling transformers 5 reads from either spelling: transformers 4's rope_theta + rope_scaling
+    or 5's rope_parameters (theta inside); errors name the section and key."""
+    section = "rope_parameters" if reader.get("rope_parameters", None, dict) else "rope_scaling"
+    params = ConfigReader({**reader.get("rope_scaling", {}, dict), **reader.get("rope_parameters", {}, dict)},
+                          f"{reader.where}: {section}")
+    theta = params.config.get("rope_theta", reader.config.get("rope_theta"))
     if theta is None:
         raise UnsupportedModel(f"{reader.where} lacks rope_theta (or rope_parameters.rope_theta)")
     theta = reader.number("rope_theta", theta)
-    kind = params.get("rope_type", params.get("type", "default"))
+    kind = params.get("rope_type", None, str) or params.get("type", "default", str)
+    phi3 = reader.config.get("architectures") == ["Phi3ForCausalLM"]
+    if phi3 and kind in ("su", "yarn"):  # Phi3Config reads both as LongRoPE
+        kind = "longrope"
     if kind == "default":
         return RopeSpec(theta=theta)
     if kind == "linear":
-        return RopeSpec(theta=theta, kind="linear", factor=reader.number("rope_scaling.factor", params.get("factor")))
+        return RopeSpec(theta=theta, kind="linear", factor=params.number("factor"))
+    max_positions = reader.count("max_position_embeddings")
+    if kind == "dynamic":  # transformers grows the base past max_position_embeddings, not any original
+        return RopeSpec(theta=theta, kind="dynamic", factor=params.number("factor"),
+                        original_max_positions=max_positions)
+    if kind not in ("llama3", "yarn", "longrope"):
+        raise UnsupportedModel(f"rope type {kind!r} is not supported "
+                               "(supported: default, linear, llama3, yarn, longrope, dynamic)")
+    # The pretraining context: a top-level key wins over the section's (transformers' standardize_rope_params,
+    # for Phi-3's configs, whose config class defaults it to 4096), else max_position_embeddings.
+    top_level = PHI3_ORIGINAL_DEFAULT if phi3 else None
+    if reader.get("original_max_position_embeddings", top_level) is not None:
+        original = reader.count("original_max_position_embeddings", top_level)
+    else:
+        original = params.count("original_max_position_embeddings", max_positions)
     if kind == "llama3":
-        missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-                   if params.get(k) is None]
-        if missing:
-            raise UnsupportedModel(f"llama3 rope scaling lacks {missing[0]!r}")
-        original = params["original_max_position_embeddings"]
-        if type(original) is not int or original < 1:
-            raise reader.fail("rope_scaling.original_max_position_embeddings",
-                              f"expected a positive integer, got {original!r}")
-        return RopeSpec(
-            theta=theta,
-            kind="llama3",
-            factor=reader.number("rope_scaling.factor", params["factor"]),
-            low_freq_factor=reader.number("rope_scaling.low_freq_factor", params["low_freq_factor"]),
-            high_freq_factor=reader.number("rope_scaling.high_freq_factor", params["high_freq_factor"]),
-            original_max_positions=original,
-        )
-    raise UnsupportedModel(f"rope type {kind!r} is not supported (supported: default, linear, llama3)")
+        return RopeSpec(theta=theta, kind="llama3", factor=params.number("factor"),
+                        low_freq_factor=params.number("low_freq_factor"),
+                        high_freq_factor=params.number("high_freq_factor"), original_max_positions=original)
+    # yarn and longrope: a missing factor is the context's growth; it sets the default attention factor
+    factor = max_positions / original if params.config.get("factor") is None else params.number("factor")
+    attention = params.config.get("attention_factor")
+    if kind == "longrope":
+        if attention is None:
+            attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+        return RopeSpec(theta=theta, kind="longrope", original_max_positions=original,
+                        attention_factor=f32_decimal(params.number("attention_factor", attention)),
+                        short_factors=_factors(params, "short_factor"), long_factors=_factors(params, "long_factor"))
+    if attention is None:
+        mscale, mscale_all_dim = (params.config.get(k) for k in ("mscale", "mscale_all_dim"))
+        if mscale and mscale_all_dim:
+            attention = (yarn_mscale(factor, params.number("mscale", mscale)) /
+                         yarn_mscale(factor, params.number("mscale_all_dim", mscale_all_dim)))
+        else:
+            attention = yarn_mscale(factor)
+    return RopeSpec(theta=theta, kind="yarn", factor=factor, original_max_positions=original,
+                    attention_factor=f32_decimal(params.number("attention_factor", attention)),
+                    # transformers takes 0 or null as the default, hence ``or``
+                    beta_fast=params.number("beta_fast", params.config.get("beta_fast") or 32.0),
+                    beta_slow=params.number("beta_slow", params.config.get("beta_slow") or 1.0),
+                    truncate=params.get("truncate", True, bool))
+
+
+def _factors(params: ConfigReader, key: str) -> tuple[float, ...]:
+    """LongRoPE's list of per-frequency divisors, each a positive number (used as float32)."""
+    values = params.get(key, None, list)
+    if values is None:
+        raise UnsupportedModel(f"{params.where} lacks required key {key!r}")
+    return tuple(f32_decimal(params.number(f"{key}[{i}]", v)) for i, v in enumerate(values))

@@ -201,7 +201,8 @@ def plain_heads(spec: ModelSpec, form: str) -> None:
 
 def no_window(spec: ModelSpec, form: str) -> None:
     """Forms without sliding-window attention; a window of max_positions or more never hides a token."""
-    if "sliding" in spec.layer_types and spec.sliding_window < spec.max_positions:
+    window = spec.sliding_window
+    if "sliding" in spec.layer_types and window is not None and window < spec.max_positions:
         raise UnsupportedModel(f"{form} has no sliding-window attention; {spec.architecture}'s "
                                f"sliding_window={spec.sliding_window} cannot be written")
 
@@ -254,7 +255,9 @@ def _canonical(spec: ModelSpec) -> ModelSpec:
     window = spec.sliding_window is not None and spec.sliding_window < spec.max_positions
     types = tuple(t if window else "full" for t in spec.layer_types)
     spec = replace(spec, attention_scale=spec.scale)
-    return replace(spec, layer_types=types) if "sliding" in types else replace(spec, layer_types=(), sliding_window=None)
+    if "sliding" in types:
+        return replace(spec, layer_types=types)
+    return replace(spec, layer_types=(), sliding_window=None)
 
 
 def _same(a: Any, b: Any, float32: bool) -> bool:

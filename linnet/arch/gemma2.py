@@ -9,8 +9,18 @@ from the first), a tied head, and softcaps of 50 and 30 where the file has none.
 import math
 
 from linnet.arch import Architecture, Transform
-from linnet.arch.blocks import (HF_ACTIVATIONS, LLAMA_NAMES, activation, attention, hf_layer_types, mlp, needs_head,
-                                optional_number, shortest, sliding_layers)
+from linnet.arch.blocks import (
+    HF_ACTIVATIONS,
+    LLAMA_NAMES,
+    activation,
+    attention,
+    hf_layer_types,
+    mlp,
+    needs_head,
+    optional_number,
+    shortest,
+    sliding_layers,
+)
 from linnet.errors import UnsupportedModel
 
 NAMES = {

@@ -5,8 +5,16 @@ residual (x + attn(norm1(x)) + mlp(norm2(x))). llama.cpp packs q, k and v one af
 import numpy as np
 
 from linnet.arch import Architecture, Packed
-from linnet.arch.blocks import (HF_ACTIVATIONS, activation, attention, hf_partial_rotary, needs_head,
-                                partial_rotary, plain_heads, residual)
+from linnet.arch.blocks import (
+    HF_ACTIVATIONS,
+    activation,
+    attention,
+    hf_partial_rotary,
+    needs_head,
+    partial_rotary,
+    plain_heads,
+    residual,
+)
 from linnet.errors import UnsupportedModel
 
 

@@ -5,8 +5,17 @@
 import numpy as np
 
 from linnet.arch import Architecture, Packed
-from linnet.arch.blocks import (LLAMA_NAMES, hf_partial_rotary, hf_uniform_window, no_window, partial_rotary,
-                                plain_heads, pre_norm_layer, refuse, sliding_layers)
+from linnet.arch.blocks import (
+    LLAMA_NAMES,
+    hf_partial_rotary,
+    hf_uniform_window,
+    no_window,
+    partial_rotary,
+    plain_heads,
+    pre_norm_layer,
+    refuse,
+    sliding_layers,
+)
 
 NAMES = {**LLAMA_NAMES, **{part: (LLAMA_NAMES[part][0], None) for part in ("q", "k", "v", "gate", "up")}}
 

@@ -1,8 +1,15 @@
 """SmolLM3: Llama's layer, with rotary embedding left out of the layers ``no_rope_layers`` marks 0
 (every fourth). llama.cpp's smollm3 graph leaves out exactly every fourth, and slides on no layer."""
 from linnet.arch import Architecture
-from linnet.arch.blocks import (LLAMA_NAMES, gguf_biases, hf_layer_types, no_window, pre_norm_layer, refuse,
-                                sliding_layers)
+from linnet.arch.blocks import (
+    LLAMA_NAMES,
+    gguf_biases,
+    hf_layer_types,
+    no_window,
+    pre_norm_layer,
+    refuse,
+    sliding_layers,
+)
 from linnet.errors import UnsupportedModel
 
 NOPE_STEP = 4  # llama.cpp's n_no_rope_layer_step

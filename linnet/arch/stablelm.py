@@ -2,8 +2,17 @@
 an optional parallel residual (one norm feeds both sublayers; llama.cpp's graph takes it when a layer
 has no ffn_norm)."""
 from linnet.arch import Architecture
-from linnet.arch.blocks import (LLAMA_NAMES, attention, hf_partial_rotary, mlp, needs_head, partial_rotary,
-                                plain_heads, refuse, residual)
+from linnet.arch.blocks import (
+    LLAMA_NAMES,
+    attention,
+    hf_partial_rotary,
+    mlp,
+    needs_head,
+    partial_rotary,
+    plain_heads,
+    refuse,
+    residual,
+)
 
 NAMES = {
     **LLAMA_NAMES,

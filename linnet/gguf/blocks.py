@@ -51,8 +51,8 @@ class GGUFWeights(Weights):
                                       rope.rope_permute(self.spec, canonical, rows, inverse=True))
         return out
 
-    @property
-    def _arrays(self) -> dict[str, np.ndarray]:
+    @property  # the base class's dict, dequantised on first use
+    def _arrays(self) -> dict[str, np.ndarray]:  # type: ignore[override]
         if self._floats is None:
             self._floats = self._dequantise_all()
         return self._floats

@@ -23,12 +23,12 @@ from linnet.arch import Packed, get_architecture
 from linnet.arch.blocks import check_reads_back
 from linnet.errors import LinnetError, UnsupportedModel
 from linnet.files import atomic_write, check_output
-from linnet.gguf.reader import ROPE_FREQS, spec_from_metadata
+from linnet.gguf.reader import LONGROPE_FAMILIES, ROPE_FACTORS, ROPE_FREQS, spec_from_metadata
 from linnet.gguf.rope import llama3_factors, rope_permute
 from linnet.gguf.tokenizer import GGUFVocab, gguf_vocab
 from linnet.loaded_model import LoadedModel
 from linnet.names import gguf_name
-from linnet.spec import ModelSpec
+from linnet.spec import ModelSpec, RopeSpec, f32_decimal, yarn_mscale
 from linnet.weights import Weights
 
 TYPES = {"f32": (Q.F32, LlamaFileType.ALL_F32), "f16": (Q.F16, LlamaFileType.MOSTLY_F16),
@@ -47,19 +47,46 @@ def export_gguf(model: LoadedModel, out_file: str | Path, type: str, force: bool
     spec, tokenizer = model.spec, model.tokenizer
     if tokenizer is None:
         raise UnsupportedModel(f"{model.path} has no tokenizer, and a GGUF file must carry one")
-    if spec.rope.kind == "llama3" and spec.family not in ROPE_FREQS_FAMILIES:
-        raise UnsupportedModel(f"llama.cpp's {spec.family} graph has no Llama 3 rope scaling")
+    _refuse_rope(spec)
     eos_ids = model.eos_ids
     if len(eos_ids) > 3:
         raise UnsupportedModel(f"GGUF holds at most three end-of-generation ids (eos, eot, eom), not {list(eos_ids)}")
     metadata = model_metadata(spec, eos_ids)
-    rope_freqs = llama3_factors(spec.rope, spec.head_dim) if spec.rope.kind == "llama3" else None
+    rope_tensors = _rope_tensors(spec)
     qtype, file_type = TYPES[type]
     tensors = _tensors(spec, model.weights, qtype)
-    _check_reads_back(spec, eos_ids, metadata, {name: t[2] for name, t in tensors.items()}, rope_freqs)
+    _check_reads_back(spec, eos_ids, metadata, {name: t[2] for name, t in tensors.items()}, rope_tensors)
     check_output(out_file, force)
     vocab = gguf_vocab(tokenizer, spec.vocab_size)
-    return atomic_write(out_file, lambda tmp: _write(tmp, model, file_type, metadata, rope_freqs, tensors, vocab))
+    return atomic_write(out_file, lambda tmp: _write(tmp, model, file_type, metadata, rope_tensors, tensors, vocab))
+
+
+def _refuse_rope(spec: ModelSpec) -> None:
+    """Rope scaling that llama.cpp's graph of the family does not apply, or applies otherwise."""
+    rope, family = spec.rope, spec.family
+    if rope.kind == "llama3" and family not in ROPE_FREQS_FAMILIES:
+        raise UnsupportedModel(f"llama.cpp's {family} graph has no Llama 3 rope scaling")
+    if rope.kind == "dynamic":
+        raise UnsupportedModel("llama.cpp has no dynamic NTK rope scaling")
+    if rope.kind == "longrope" and family not in LONGROPE_FAMILIES:
+        raise UnsupportedModel(f"llama.cpp's {family} graph has no LongRoPE factors (Linnet writes them for "
+                               f"{', '.join(LONGROPE_FAMILIES)})")
+    if rope.kind == "yarn" and not rope.truncate:
+        raise UnsupportedModel("llama.cpp's YaRN rounds its correction range out to whole dims; this model's "
+                               "rope scaling has truncate=false")
+    if rope.kind == "yarn" and (rope.beta_fast, rope.beta_slow) != (32.0, 1.0):
+        raise UnsupportedModel(f"llama.cpp's {family} graph runs YaRN with beta_fast 32 and beta_slow 1, not this "
+                               f"model's {rope.beta_fast:g} and {rope.beta_slow:g}")
+
+
+def _rope_tensors(spec: ModelSpec) -> dict[str, np.ndarray]:
+    """llama.cpp's rope tensors: Llama 3 scaling's divisors, or LongRoPE's short and long factors."""
+    if spec.rope.kind == "llama3":
+        return {ROPE_FREQS: llama3_factors(spec.rope, spec.head_dim)}
+    if spec.rope.kind == "longrope":
+        return {ROPE_FACTORS["short"]: np.array(spec.rope.short_factors, np.float32),
+                ROPE_FACTORS["long"]: np.array(spec.rope.long_factors, np.float32)}
+    return {}
 
 
 def model_metadata(spec: ModelSpec, eos_ids: tuple[int, ...]) -> dict[str, Any]:
@@ -74,23 +101,49 @@ def model_metadata(spec: ModelSpec, eos_ids: tuple[int, ...]) -> dict[str, Any]:
         f"attention.{eps}": float(spec.rms_norm_eps), "rope.freq_base": float(spec.rope.theta),
         "vocab_size": spec.vocab_size,
     }
-    if spec.rope.kind == "linear":
-        keys |= {"rope.scaling.type": "linear", "rope.scaling.factor": float(spec.rope.factor)}
+    keys |= _rope_keys(spec)
     keys |= get_architecture(spec.architecture).gguf_metadata(spec)
     ids = {"bos": spec.bos_token_id, **dict(zip(("eos", "eot", "eom"), eos_ids))}
     return {"general.architecture": family, **{f"{family}.{k}": v for k, v in keys.items()},
             **{f"tokenizer.ggml.{k}_token_id": i for k, i in ids.items() if i is not None}}
 
 
+def _rope_keys(spec: ModelSpec) -> dict[str, Any]:
+    rope = spec.rope
+    if rope.kind == "linear":
+        return {"rope.scaling.type": "linear", "rope.scaling.factor": float(rope.factor)}
+    if rope.kind == "yarn":  # llama.cpp scales cos and sin by 0.1 ln(factor) + 1 itself; attn_factor by the rest
+        return {"rope.scaling.type": "yarn", "rope.scaling.factor": float(rope.factor),
+                "rope.scaling.original_context_length": rope.original_max_positions, **_yarn_attn_factor(rope)}
+    if rope.kind == "longrope":  # as llama.cpp's converter writes Phi-3's: no scaling type, the factors as tensors
+        return {"rope.scaling.original_context_length": rope.original_max_positions,
+                "rope.scaling.attn_factor": float(rope.attention_factor)}
+    return {}
+
+
+def _yarn_attn_factor(rope: RopeSpec) -> dict[str, float]:
+    """rope.scaling.attn_factor for a YaRN attention factor other than its default: of the float32 values
+    nearest the quotient, one the reader's float32 product turns back into the factor (if none, the
+    read-back check names the difference)."""
+    target, mscale = np.float32(rope.attention_factor), yarn_mscale(rope.factor)
+    if np.float32(f32_decimal(mscale)) == target:
+        return {}
+    attn = np.float32(rope.attention_factor / mscale)
+    near = (attn, np.nextafter(attn, np.float32(np.inf)), np.nextafter(attn, np.float32(0)))
+    fits = [a for a in near if np.float32(mscale * f32_decimal(float(a))) == target]
+    return {"rope.scaling.attn_factor": float(fits[0] if fits else attn)}
+
+
 def _tensors(spec: ModelSpec, weights: Weights, qtype: Q) -> dict[str, Tensor]:
     """Each GGUF tensor to write: llama.cpp's packed ones stack their parts' rows."""
     packed: dict[str, tuple[str | None, tuple[str, ...], Packed | None]] = {}
-    for template, pack in get_architecture(spec.architecture).gguf_packed.items():
-        for name, parts in pack.groups(spec, template, weights):
-            packed.update(dict.fromkeys(parts, (name, parts, pack)))
+    for template, packing in get_architecture(spec.architecture).gguf_packed.items():
+        for packed_name, group in packing.groups(spec, template, weights):
+            packed.update(dict.fromkeys(group, (packed_name, group, packing)))
     tensors: dict[str, Tensor] = {}
     for canonical, array in weights.items():
         name, parts, pack = packed.get(canonical, (gguf_name(spec, canonical), (canonical,), None))
+        assert name is not None, canonical  # a part without a GGUF name of its own is in a packed tensor
         if name not in tensors:
             shape = (sum(weights[p].shape[0] for p in parts), *array.shape[1:])
             tensors[name] = (parts, pack, shape, _tensor_type(shape, qtype))
@@ -98,18 +151,19 @@ def _tensors(spec: ModelSpec, weights: Weights, qtype: Q) -> dict[str, Tensor]:
 
 
 def _check_reads_back(spec: ModelSpec, eos_ids: tuple[int, ...], metadata: dict[str, Any],
-                      shapes: dict[str, tuple[int, ...]], rope_freqs: np.ndarray | None) -> None:
+                      shapes: dict[str, tuple[int, ...]], rope_tensors: dict[str, np.ndarray]) -> None:
     """The file would give the model's spec (floats as float32; Mistral as Llama), or an error naming
     what differs."""
-    back = spec_from_metadata(metadata, shapes, rope_freqs, f"the GGUF of {spec.architecture}")
+    back = spec_from_metadata(metadata, shapes, rope_tensors, f"the GGUF of {spec.architecture}")
     check_reads_back(replace(spec, eos_token_ids=eos_ids, dtype=back.dtype),
                      replace(back, architecture=spec.architecture),  # one family: Mistral's reads back as Llama
                      f"GGUF's {spec.family} form (as llama.cpp reads it)", float32=True)
 
 
 def _write(path: Path, model: LoadedModel, file_type: LlamaFileType, metadata: dict[str, Any],
-           rope_freqs: np.ndarray | None, tensors: dict[str, Tensor], vocab: GGUFVocab) -> None:
+           rope_tensors: dict[str, np.ndarray], tensors: dict[str, Tensor], vocab: GGUFVocab) -> None:
     spec, tokenizer = model.spec, model.tokenizer
+    assert tokenizer is not None  # export_gguf refuses a model without one
     writer = GGUFWriter(path, arch=spec.family)
     try:
         writer.add_name(model.path.stem)
@@ -127,16 +181,16 @@ def _write(path: Path, model: LoadedModel, file_type: LlamaFileType, metadata: d
         if tokenizer.chat_template:
             writer.add_chat_template(tokenizer.chat_template)
 
-        if rope_freqs is not None:  # llama.cpp applies Llama 3 scaling through this tensor
-            writer.add_tensor_info(ROPE_FREQS, rope_freqs.shape, rope_freqs.dtype, rope_freqs.nbytes, Q.F32)
+        for name, array in rope_tensors.items():  # llama.cpp applies Llama 3 scaling and LongRoPE through these
+            writer.add_tensor_info(name, array.shape, array.dtype, array.nbytes, Q.F32)
         for name, (_, _, shape, tensor_type) in tensors.items():
             writer.add_tensor_info(name, shape, np.dtype(np.float32), _nbytes(shape, tensor_type), tensor_type)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        if rope_freqs is not None:
-            writer.write_tensor_data(rope_freqs)
-        for name, (parts, pack, _, tensor_type) in tensors.items():
+        for array in rope_tensors.values():
+            writer.write_tensor_data(array)
+        for parts, pack, _, tensor_type in tensors.values():
             if pack is None:
                 array = rope_permute(spec, parts[0], model.weights[parts[0]])
             else:

@@ -26,7 +26,7 @@ from linnet.gguf.rope import llama3_from_factors
 from linnet.gguf.tokenizer import tokenizer_from_gguf
 from linnet.loaded_model import LoadedModel
 from linnet.names import expected_shapes, gguf_name
-from linnet.spec import ModelSpec, RopeSpec
+from linnet.spec import ModelSpec, RopeSpec, f32_decimal, yarn_mscale
 from linnet.tokenizer import Tokenizer
 from linnet.weight_cache import cached_arrays, source_identity
 from linnet.weights import check_shapes
@@ -34,7 +34,10 @@ from linnet.weights import check_shapes
 # The types tested against llama.cpp; the i-quants and ternary types are refused rather than trusted.
 SUPPORTED_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
                              Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K})
-ROPE_FREQS = "rope_freqs.weight"
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3 scaling's divisors
+ROPE_FACTORS = {"short": "rope_factors_short.weight", "long": "rope_factors_long.weight"}  # LongRoPE's (Phi-3)
+ROPE_TENSORS = (ROPE_FREQS, *ROPE_FACTORS.values())
+LONGROPE_FAMILIES = ("phi3",)  # the graphs Linnet reads and writes LongRoPE factors for
 PlanEntry = tuple[tuple[str, ...], Packed | None]
 
 
@@ -49,7 +52,7 @@ def _load(path: Path, start: float) -> LoadedModel:
     gguf = GGUFFile(path)
     spec = spec_from_gguf(gguf)
     plan = tensor_plan(spec)
-    unknown = sorted(set(gguf.tensors) - set(plan) - {ROPE_FREQS})
+    unknown = sorted(set(gguf.tensors) - set(plan) - set(ROPE_TENSORS))
     if unknown:
         raise UnsupportedModel(f"{path.name} has tensors Linnet does not know: {', '.join(unknown[:5])}")
     present = {name: entry for name, entry in plan.items() if name in gguf.tensors}
@@ -99,12 +102,15 @@ def _canonical_shapes(spec: ModelSpec, gguf: GGUFFile, present: dict[str, PlanEn
 
 def spec_from_gguf(gguf: GGUFFile) -> ModelSpec:
     with naming(gguf.path):
-        freqs = gguf.tensors.get(ROPE_FREQS)
-        if freqs is not None and freqs.type != Q.F32:
-            raise WeightError(f"{gguf.path}: {ROPE_FREQS} is {freqs.type.name}, expected F32")
-        factors = None if freqs is None else dequantize(gguf.raw(ROPE_FREQS), Q.F32)
+        rope_tensors = {}
+        for name in ROPE_TENSORS:
+            info = gguf.tensors.get(name)
+            if info is not None and info.type != Q.F32:
+                raise WeightError(f"{gguf.path}: {name} is {info.type.name}, expected F32")
+            if info is not None:
+                rope_tensors[name] = dequantize(gguf.raw(name), Q.F32)
         shapes = {name: info.shape for name, info in gguf.tensors.items()}
-        return spec_from_metadata(gguf.metadata, shapes, factors, str(gguf.path))
+        return spec_from_metadata(gguf.metadata, shapes, rope_tensors, str(gguf.path))
 
 
 class GGUFKeys:
@@ -141,9 +147,9 @@ class GGUFKeys:
         return tensor in self.tensors
 
 
-def spec_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], rope_factors: np.ndarray | None,
-                       where: str) -> ModelSpec:
-    """The spec a GGUF's metadata and tensor shapes describe (``rope_factors``: its rope_freqs.weight).
+def spec_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]],
+                       rope_tensors: dict[str, np.ndarray], where: str) -> ModelSpec:
+    """The spec a GGUF's metadata and tensor shapes describe (``rope_tensors``: those of ROPE_TENSORS it has).
     The exporter reads what it is about to write through this too, so both agree by construction."""
     family = meta.get("general.architecture")
     if not isinstance(family, str):
@@ -173,7 +179,7 @@ def spec_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]],
         num_kv_heads=keys.number("attention.head_count_kv", heads),
         head_dim=head_dim,
         rms_norm_eps=keys.number(eps, kind=float),
-        rope=_rope(keys, head_dim, rope_factors),
+        rope=_rope(keys, head_dim, rope_dim, rope_tensors),
         max_positions=keys.number("context_length"),
         tie_word_embeddings="output.weight" not in shapes,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
@@ -183,18 +189,71 @@ def spec_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]],
     )
 
 
-def _rope(keys: GGUFKeys, head_dim: int, factors: np.ndarray | None) -> RopeSpec:
+def _rope(keys: GGUFKeys, head_dim: int, rope_dim: int, tensors: dict[str, np.ndarray]) -> RopeSpec:
+    """Rope scaling as llama.cpp applies it: the scaling type's keys, ``rope.scaling.attn_factor`` (which
+    llama.cpp multiplies cos and sin by whatever the type), and the rope tensors."""
     theta = keys.number("rope.freq_base", 10000.0, float)  # llama.cpp's default when the key is absent
     scaling = keys.meta.get(f"{keys.family}.rope.scaling.type", "none")
+    attn = keys.number("rope.scaling.attn_factor", 1.0, float)
+    original = keys.number("rope.scaling.original_context_length", keys.number("context_length"))  # llama.cpp's
+    if any(name in tensors for name in ROPE_FACTORS.values()) or scaling == "longrope":
+        return _longrope(keys, rope_dim, theta, attn, original, tensors)
+    if scaling == "yarn":
+        return _yarn(keys, theta, attn, original)
+    if attn != 1.0:
+        raise UnsupportedModel(f"{keys.where}: {keys.family}.rope.scaling.attn_factor {attn} scales cos and sin; "
+                               f"Linnet has that for YaRN and LongRoPE only, not rope scaling {scaling!r}")
     if scaling == "linear":
         return RopeSpec(theta=theta, kind="linear", factor=keys.number("rope.scaling.factor", kind=float))
     if scaling != "none":
-        raise UnsupportedModel(f"rope scaling {scaling!r} is not supported (none, linear)")
+        raise UnsupportedModel(f"rope scaling {scaling!r} is not supported (none, linear, yarn, longrope)")
+    factors = tensors.get(ROPE_FREQS)
     if factors is None:
         return RopeSpec(theta=theta)
     if factors.shape != (head_dim // 2,):
         raise WeightError(f"{keys.where}: {ROPE_FREQS} has shape {list(factors.shape)}, expected [{head_dim // 2}]")
     return llama3_from_factors(theta, head_dim, factors)
+
+
+# YaRN keys whose meaning llama.cpp's families differ on (some graphs never read them, and llama.cpp versions
+# apply yarn_attn_factor differently): read only where they say what every graph does without them.
+YARN_DEFAULTS = {"rope.scaling.yarn_ext_factor": 1.0, "rope.scaling.yarn_attn_factor": 1.0,
+                 "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0,
+                 "rope.scaling.yarn_log_multiplier": 0.0}
+
+
+def _yarn(keys: GGUFKeys, theta: float, attn: float, original: int) -> RopeSpec:
+    """llama.cpp's YaRN: the ramp between beta_fast 32 and beta_slow 1 rotations, truncated to whole dims,
+    cos and sin multiplied by 0.1 ln(factor) + 1 and by rope.scaling.attn_factor."""
+    for name, default in YARN_DEFAULTS.items():
+        value = keys.meta.get(f"{keys.family}.{name}", default)
+        if value != default:
+            raise UnsupportedModel(f"{keys.where}: {keys.family}.{name} is {value!r}; Linnet reads YaRN only as "
+                                   f"every llama.cpp graph applies it, with {default}")
+    factor = keys.number("rope.scaling.factor", kind=float)
+    return RopeSpec(theta=theta, kind="yarn", factor=factor, original_max_positions=original,
+                    attention_factor=f32_decimal(yarn_mscale(factor) * attn))
+
+
+def _longrope(keys: GGUFKeys, rope_dim: int, theta: float, attn: float, original: int,
+              tensors: dict[str, np.ndarray]) -> RopeSpec:
+    """LongRoPE as llama.cpp's phi3 graph reads it: the short and long factors as tensors, the attention
+    factor as rope.scaling.attn_factor. llama.cpp picks one set for a whole context (long when its
+    context size exceeds original_context_length); Linnet per position (linnet.rope)."""
+    if keys.family not in LONGROPE_FAMILIES:
+        raise UnsupportedModel(f"{keys.where}: LongRoPE factors in llama.cpp's {keys.family} graph are not supported "
+                               f"(only in {', '.join(LONGROPE_FAMILIES)})")
+    factors = {}
+    for which, name in ROPE_FACTORS.items():
+        if name not in tensors:
+            raise WeightError(f"{keys.where}: LongRoPE needs {name}, which the file lacks")
+        if tensors[name].shape != (rope_dim // 2,):
+            raise WeightError(f"{keys.where}: {name} has shape {list(tensors[name].shape)}, expected [{rope_dim // 2}]")
+        if not np.all(np.isfinite(tensors[name]) & (tensors[name] > 0)):
+            raise WeightError(f"{keys.where}: {name} holds factors that are not finite, positive numbers")
+        factors[which] = tuple(_f32(v) for v in tensors[name])
+    return RopeSpec(theta=theta, kind="longrope", original_max_positions=original, attention_factor=attn,
+                    short_factors=factors["short"], long_factors=factors["long"])
 
 
 # The tokenizer keys and their types, checked before linnet.gguf.tokenizer builds a tokenizer from them.
@@ -226,4 +285,4 @@ def _tokenizer(gguf: GGUFFile) -> Tokenizer:
 
 def _f32(value: float) -> float:
     """The shortest decimal that is the same float32: GGUF's 9.999999747e-06 reads back as 1e-05."""
-    return float(str(np.float32(value)))
+    return f32_decimal(value)

@@ -47,7 +47,7 @@ def tokenizer_from_gguf(meta: dict[str, Any]) -> Tokenizer:
     if kind != "gpt2":
         raise UnsupportedModel(f"GGUF tokenizer model {kind!r} is not supported (only 'gpt2', byte-level BPE)")
     pre = meta.get("tokenizer.ggml.pre")
-    name = _ALIASES.get(pre, pre)
+    name = _ALIASES.get(pre, pre) if isinstance(pre, str) else pre
     if name not in PRE_TOKENIZERS:
         known = sorted([*PRE_TOKENIZERS, *_ALIASES])
         raise UnsupportedModel(f"GGUF pre-tokenizer {pre!r} is not supported; supported: {', '.join(known)}")

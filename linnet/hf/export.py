@@ -21,7 +21,7 @@ from linnet.errors import LinnetError
 from linnet.files import atomic_write, check_output
 from linnet.loaded_model import LoadedModel
 from linnet.names import hf_name
-from linnet.spec import ModelSpec, spec_from_hf_config
+from linnet.spec import ModelSpec, RopeSpec, spec_from_hf_config
 
 SHARD_BYTES = 2 * 1024**3
 
@@ -62,13 +62,7 @@ def hf_config(spec: ModelSpec, dtype: str, eos_ids: list[int]) -> dict[str, Any]
     with the architecture's own keys; read back first, so a model it would describe otherwise is refused."""
     arch = get_architecture(spec.architecture)
     rope = spec.rope
-    scaling = None
-    if rope.kind == "llama3":
-        scaling = {"rope_type": "llama3", "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
-                   "high_freq_factor": rope.high_freq_factor,
-                   "original_max_position_embeddings": rope.original_max_positions}
-    elif rope.kind == "linear":
-        scaling = {"rope_type": "linear", "factor": rope.factor}
+    scaling = _rope_scaling(rope)
     family = arch.hf_config(spec)
     partial = {k: family[k] for k in ("partial_rotary_factor",) if k in family}
     config = {
@@ -86,6 +80,9 @@ def hf_config(spec: ModelSpec, dtype: str, eos_ids: list[int]) -> dict[str, Any]
         "tie_word_embeddings": spec.tie_word_embeddings,
         "rope_theta": rope.theta,
         "rope_scaling": scaling,
+        # transformers reads a top-level original_max_position_embeddings first (Phi-3's config defaults it)
+        **({"original_max_position_embeddings": rope.original_max_positions}
+           if rope.kind in ("yarn", "longrope") else {}),
         "rope_parameters": {"rope_type": rope.kind, "rope_theta": rope.theta, **(scaling or {}), **partial},
         "torch_dtype": DTYPES[dtype].hf,
         "dtype": DTYPES[dtype].hf,
@@ -99,6 +96,27 @@ def hf_config(spec: ModelSpec, dtype: str, eos_ids: list[int]) -> dict[str, Any]
     check_reads_back(expected, spec_from_hf_config(config, "the exported config.json"),
                      f"{spec.architecture}'s config.json")
     return config
+
+
+def _rope_scaling(rope: RopeSpec) -> dict[str, Any] | None:
+    """rope_scaling as transformers reads it; YaRN's optional keys only where they are not its defaults."""
+    if rope.kind == "llama3":
+        return {"rope_type": "llama3", "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
+                "high_freq_factor": rope.high_freq_factor,
+                "original_max_position_embeddings": rope.original_max_positions}
+    if rope.kind in ("linear", "dynamic"):
+        return {"rope_type": rope.kind, "factor": rope.factor}
+    if rope.kind == "yarn":
+        optional = {"beta_fast": (rope.beta_fast, 32.0), "beta_slow": (rope.beta_slow, 1.0),
+                    "truncate": (rope.truncate, True)}
+        return {"rope_type": "yarn", "factor": rope.factor, "attention_factor": rope.attention_factor,
+                "original_max_position_embeddings": rope.original_max_positions,
+                **{key: value for key, (value, default) in optional.items() if value != default}}
+    if rope.kind == "longrope":  # the attention factor given, so that no factor is needed to derive it
+        return {"rope_type": "longrope", "short_factor": list(rope.short_factors),
+                "long_factor": list(rope.long_factors), "original_max_position_embeddings": rope.original_max_positions,
+                "attention_factor": rope.attention_factor}
+    return None
 
 
 def _tensors(model: LoadedModel, dtype: np.dtype) -> Iterator[tuple[str, np.ndarray]]:
@@ -118,7 +136,9 @@ def _tensors(model: LoadedModel, dtype: np.dtype) -> Iterator[tuple[str, np.ndar
                 yield name, _stored(pack.pack(spec, tuple(weights[p] for p in parts)), dtype)
             continue
         transform = arch.hf_transforms.get(canonical.rsplit(".", 1)[-1])
-        yield hf_name(spec, canonical), _stored(array if transform is None else transform.save(array), dtype)
+        stored_name = hf_name(spec, canonical)
+        assert stored_name is not None  # only a packed part has none, and those are written above
+        yield stored_name, _stored(array if transform is None else transform.save(array), dtype)
 
 
 def _stored(array: np.ndarray, dtype: np.dtype) -> np.ndarray:

@@ -1,7 +1,12 @@
 """GGUF cases: the shared checkpoints llama.cpp's graphs can express, and variants of those they cannot
 (a windowed Mistral, SmolLM3's NoPE layer other than every fourth, Gemma 2's query_pre_attn_scalar other
 than head_dim), changed to what llama.cpp expresses; plus the serial residual of the two families whose
-cases are parallel, and linear rope scaling. ``gguf_case_dir`` (conftest.py) builds them."""
+cases are parallel, and rope scaling: linear, YaRN (Llama's interleaved rope; Qwen2's halves, with an
+attention factor of its own) and Phi-3's LongRoPE. llama.cpp applies one set of LongRoPE factors to a whole
+context (the long ones when its context size exceeds the original), Linnet's per position, so the llama.cpp
+test sees the short factors (an original context of 256, past llama.cpp's context of 64, padded to at most
+256) and, in a variant whose two sets are the same, the long ones with their attention factor.
+``gguf_case_dir`` (conftest.py) builds them."""
 from __future__ import annotations
 
 from checkpoints import CASES, CASES_BY_ID, Case
@@ -12,6 +17,7 @@ def _variant(base: str, id: str, **changes) -> Case:
     return Case(id, case.architecture, {**case.config, **changes})
 
 
+LONG_FACTORS = [2.0, 5.0, 9.0, 31.0]  # LongRoPE's, for Phi-3's 8 rotary dims
 # case id -> the message refusing its GGUF export
 REFUSED = {
     "mistral-window5": "llama graph .* has no sliding-window attention; MistralForCausalLM's sliding_window=5",
@@ -25,5 +31,13 @@ VARIANTS = {case.id: case for case in [
     _variant("stablelm-parallel", "stablelm-serial", use_parallel_residual=False),
     _variant("gptneox-parallel", "gptneox-serial", use_parallel_residual=False),
     _variant("llama-gqa3", "llama-linear-rope", rope_scaling=dict(rope_type="linear", factor=4.0)),
+    _variant("llama-gqa3", "llama-yarn-rope", rope_theta=50.0,
+             rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32)),
+    _variant("qwen2-tied", "qwen2-yarn-attention", rope_theta=100.0, rope_scaling=dict(
+        rope_type="yarn", factor=2.0, original_max_position_embeddings=64, attention_factor=1.25)),
+    _variant("phi3-partial", "phi3-longrope-short", max_position_embeddings=1024, original_max_position_embeddings=256,
+             rope_scaling=dict(rope_type="longrope", short_factor=[1.0, 1.5, 3.0, 7.0], long_factor=LONG_FACTORS)),
+    _variant("phi3-partial", "phi3-longrope-long", original_max_position_embeddings=8,
+             rope_scaling=dict(rope_type="longrope", short_factor=LONG_FACTORS, long_factor=LONG_FACTORS)),
 ]}
 GGUF_CASE_IDS = [c.id for c in CASES if c.id not in REFUSED] + list(VARIANTS)

@@ -12,8 +12,9 @@ from gguf_cases import REFUSED
 from linnet.errors import LinnetError, UnsupportedModel, WeightError
 from linnet.gguf import export as gguf_export
 from linnet.gguf.export import export_gguf
-from linnet.gguf.reader import load_gguf
+from linnet.gguf.reader import ROPE_FACTORS, load_gguf, spec_from_metadata
 from linnet.model import open_model
+from linnet.spec import RopeSpec
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +99,48 @@ def test_a_model_the_gguf_would_describe_otherwise_is_refused(case, change, mess
     spec, weights = change(model.spec, dict(model.weights))
     with pytest.raises(UnsupportedModel, match=message):
         export_gguf(replace(model, spec=spec, weights=weights), tmp_path / "m.gguf", "f32")
+
+
+YARN = RopeSpec(10000.0, "yarn", 4.0, original_max_positions=64, attention_factor=1.1386294)
+LONGROPE = RopeSpec(10000.0, "longrope", original_max_positions=64, attention_factor=1.2,
+                    short_factors=(1.0, 2.0, 3.0, 4.0), long_factors=(2.0, 3.0, 4.0, 5.0))
+
+
+@pytest.mark.parametrize("case, rope, message", [
+    ("llama-gqa3", RopeSpec(10000.0, "dynamic", 2.0, original_max_positions=256), "llama.cpp has no dynamic NTK"),
+    ("llama-gqa3", replace(LONGROPE, short_factors=(1.0,) * 8, long_factors=(2.0,) * 8),
+     "llama.cpp's llama graph has no LongRoPE factors"),
+    ("llama-gqa3", replace(YARN, truncate=False), "this model's rope scaling has truncate=false"),
+    ("qwen2-tied", replace(YARN, beta_fast=16.0), "qwen2 graph runs YaRN with beta_fast 32 and beta_slow 1, not this "
+                                                  "model's 16 and 1"),
+])
+def test_rope_scaling_llama_cpp_applies_otherwise_is_refused(case, rope, message, checkpoint_dir, tmp_path):
+    model = open_model(str(checkpoint_dir(case)))
+    with pytest.raises(UnsupportedModel, match=message):
+        export_gguf(replace(model, spec=replace(model.spec, rope=rope)), tmp_path / "m.gguf", "f32")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("case, rope, change, message", [
+    ("qwen2-tied", YARN, {"rope.scaling.yarn_beta_fast": 16.0}, "qwen2.rope.scaling.yarn_beta_fast is 16.0"),
+    ("qwen2-tied", YARN, {"rope.scaling.yarn_log_multiplier": 0.1}, "yarn_log_multiplier is 0.1"),
+    ("qwen2-tied", RopeSpec(10000.0), {"rope.scaling.attn_factor": 1.5},
+     "qwen2.rope.scaling.attn_factor 1.5 scales cos and sin; .* not rope scaling 'none'"),
+    ("qwen2-tied", RopeSpec(10000.0), {"rope.scaling.type": "longrope"}, "LongRoPE factors in llama.cpp's qwen2 graph"),
+    ("phi3-partial", LONGROPE, {}, r"rope_factors_long.weight has shape \[3\], expected \[4\]"),
+    ("phi3-partial", RopeSpec(10000.0), {"rope.scaling.type": "longrope"}, "LongRoPE needs rope_factors_short.weight"),
+])
+def test_rope_metadata_linnet_cannot_read_as_llama_cpp_does_is_named(case, rope, change, message, checkpoint_dir):
+    model = open_model(str(checkpoint_dir(case)))
+    spec = replace(model.spec, rope=rope)
+    family = spec.family
+    meta = {**gguf_export.model_metadata(spec, (2,)), **{f"{family}.{k}": v for k, v in change.items()}}
+    shapes = {name: t[2] for name, t in gguf_export._tensors(spec, model.weights, Q.F32).items()}
+    tensors = gguf_export._rope_tensors(spec)
+    if rope.kind == "longrope":  # one factor short
+        tensors[ROPE_FACTORS["long"]] = tensors[ROPE_FACTORS["long"]][:3]
+    with pytest.raises((UnsupportedModel, WeightError), match=message):
+        spec_from_metadata(meta, shapes, tensors, "x.gguf")
 
 
 def test_missing_hyper_parameter_or_tensor_is_named(tmp_path):

@@ -105,7 +105,8 @@ _BYTES = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
 
 
 @pytest.mark.parametrize("name, pre, ignore_merges", [
-    ("smollm", [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)], False),
+    ("smollm", [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)],
+     False),
     ("qwen2", [pre_tokenizers.Split(Regex(_HF_QWEN2), "isolated"), _BYTES], False),
     ("llama-bpe", [pre_tokenizers.Split(Regex(_HF_LLAMA3), "isolated"), _BYTES], True),
     ("gpt-2", [pre_tokenizers.ByteLevel(add_prefix_space=False)], False),

@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from checkpoints import CASE_IDS
+from checkpoints import CASE_IDS, CASES_BY_ID, Case, build_checkpoint
 from safetensors import safe_open
 
 from linnet.backends import CacheShape, create_runner
@@ -22,7 +22,7 @@ from linnet.hf import export as hf_export
 from linnet.hf.export import export_hf
 from linnet.model import open_model
 from linnet.names import hf_name
-from linnet.spec import load_spec
+from linnet.spec import load_spec, spec_from_hf_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -88,6 +88,32 @@ def test_sharded_export_loads(checkpoint_dir, tmp_path):
     assert len(shards) > 2 and not (out / "model.safetensors").exists()
     assert all((out / s).stat().st_size < 40_000 + 70_000 for s in shards)  # one tensor may overflow a shard
     np.testing.assert_allclose(transformers_logits(out), linnet_logits(open_model(str(out))), atol=1e-4, rtol=0)
+
+
+# Rope scaling, as config.json writes it back. The prompt stays inside the original context of LongRoPE and
+# dynamic NTK (transformers' prefill of a longer one rotates early positions otherwise: linnet.rope), which
+# tests/test_rope.py decodes past.
+SCALED = [
+    Case("llama-yarn-betas", "LlamaForCausalLM", dict(
+        CASES_BY_ID["llama-gqa3"].config, rope_theta=50.0, rope_scaling=dict(rope_type="yarn", factor=4.0,
+            original_max_position_embeddings=8, beta_fast=8, beta_slow=2, truncate=False))),
+    Case("phi3-longrope", "Phi3ForCausalLM", dict(
+        CASES_BY_ID["phi3-partial"].config, original_max_position_embeddings=16, rope_scaling=dict(
+            rope_type="longrope", short_factor=[1.0, 1.3, 2.1, 3.0], long_factor=[1.5, 4.0, 9.0, 20.0]))),
+    Case("llama-dynamic", "LlamaForCausalLM", dict(
+        CASES_BY_ID["llama-gqa3"].config, max_position_embeddings=32,
+        rope_scaling=dict(rope_type="dynamic", factor=2.0))),
+]
+
+
+@pytest.mark.parametrize("case", SCALED, ids=[case.id for case in SCALED])
+def test_rope_scaling_is_written_back(case, tmp_path):
+    model = open_model(str(build_checkpoint(case, tmp_path / "in")))
+    out = export_hf(model, tmp_path / "out", "f32")
+    assert load_spec(out) == replace(model.spec, eos_token_ids=model.eos_ids)
+    theirs = transformers.AutoConfig.from_pretrained(out).to_dict()  # as transformers reads it
+    assert spec_from_hf_config({**theirs, "architectures": [case.architecture]}).rope == model.spec.rope
+    np.testing.assert_allclose(transformers_logits(out), linnet_logits(model), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("case, change, message", [
