@@ -98,10 +98,20 @@ def _dynamic_frequencies(rope: RopeSpec, dim: int, seq_lens: np.ndarray) -> np.n
 
 
 def rope_tables(spec: ModelSpec, positions: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of every angle, each float32 ``[positions, rotary_dim]``; the angles of a position are
-    listed twice (``cat(angles, angles)``), since HF rotates the two halves of a head by the same angle.
-    Row p depends on p alone, never on ``positions``."""
-    rope, dim = spec.rope, spec.rotary_dim
+    """cos and sin of every angle, each float32 ``[positions, rotary_dim * spec.rope_table_count]``; the
+    angles of a position are listed twice (``cat(angles, angles)``), since HF rotates the two halves of a
+    head by the same angle. A spec with a ``local_rope`` has two tables side by side: the global rope's
+    (columns ``[0, rotary_dim)``), then the local rope's (``[rotary_dim, 2 * rotary_dim)``), as the
+    Program's ``rotary(...; table=j)`` reads them. Row p depends on p alone, never on ``positions``."""
+    cos, sin = _table(spec.rope, spec.rotary_dim, positions)
+    if spec.local_rope is None:
+        return cos, sin
+    local_cos, local_sin = _table(spec.local_rope, spec.rotary_dim, positions)
+    return np.concatenate([cos, local_cos], axis=-1), np.concatenate([sin, local_sin], axis=-1)
+
+
+def _table(rope: RopeSpec, dim: int, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """One rope's cos and sin, each float32 ``[positions, dim]``."""
     freqs = np.broadcast_to(inv_frequencies(rope, dim), (positions, dim // 2))
     original = rope.original_max_positions
     if rope.kind in ("longrope", "dynamic") and positions > original:  # per position from original on

@@ -96,6 +96,8 @@ class ModelSpec:
     layer_types: tuple[str, ...] = ()  # per layer "full" | "sliding"; empty: every layer full
     nope_layers: tuple[int, ...] = ()  # layers without rotary embedding
     parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x))
+    # The sliding layers' own rotary embedding (Gemma 3's local base); None: every layer rotates by ``rope``
+    local_rope: RopeSpec | None = None
 
     def __post_init__(self) -> None:
         """What every reader's values must satisfy, whatever the file said: the last line of defence
@@ -114,13 +116,17 @@ class ModelSpec:
                 f"num_attention_heads={self.num_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_kv_heads}"
             )
-        for name, value in (("rms_norm_eps", self.rms_norm_eps), ("rope theta", self.rope.theta)):
+        thetas = [("rope theta", self.rope.theta)] + ([("local rope theta", self.local_rope.theta)]
+                                                      if self.local_rope is not None else [])
+        for name, value in (("rms_norm_eps", self.rms_norm_eps), *thetas):
             if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
                 raise UnsupportedModel(f"{name} must be a finite, positive number, got {value!r}")
         if self.dtype not in DTYPES:
             raise UnsupportedModel(f"unsupported dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
         self._check_family_fields()
         self.rope.check(self.rotary_dim)
+        if self.local_rope is not None:
+            self.local_rope.check(self.rotary_dim)
         ids = [self.bos_token_id, *self.eos_token_ids]
         if any(i is not None and (type(i) is not int or not 0 <= i < self.vocab_size) for i in ids):
             raise UnsupportedModel(f"token ids {ids} (bos, eos) must be in the vocabulary of {self.vocab_size}")
@@ -151,6 +157,11 @@ class ModelSpec:
     @property
     def rotary_dim(self) -> int:
         return self.head_dim if self.rope_dim is None else self.rope_dim
+
+    @property
+    def rope_table_count(self) -> int:
+        """The rotary tables of a step (``linnet.rope.rope_tables``): the global one, and the local one."""
+        return 1 if self.local_rope is None else 2
 
     @property
     def scale(self) -> float:
@@ -226,14 +237,16 @@ def spec_from_hf_config(config: Any, where: str = "config.json") -> ModelSpec:
         num_kv_heads=reader.count("num_key_value_heads", heads),
         head_dim=head_dim,
         rms_norm_eps=reader.number(arch.eps_key),
-        rope=_rope_from_config(reader),
         max_positions=reader.count("max_position_embeddings"),
         tie_word_embeddings=bool(reader.get("tie_word_embeddings", arch.tied_by_default)),
         dtype=BY_HF[dtype].name,
         bos_token_id=reader.get("bos_token_id", None, int),
         eos_token_ids=eos_ids,
     )
-    return ModelSpec(**{**fields, **arch.read_config(reader)})
+    family = arch.read_config(reader)  # the family's fields; "rope" where it reads rope its own way (Gemma 3)
+    if "rope" not in family:
+        family["rope"] = rope_from_config(reader)
+    return ModelSpec(**{**fields, **family})
 
 
 class ConfigReader:
@@ -283,7 +296,7 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 PHI3_ORIGINAL_DEFAULT = 4096  # Phi3Config's original_max_position_embeddings when config.json omits it
 
 
-def _rope_from_config(reader: ConfigReader) -> RopeSpec:
+def rope_from_config(reader: ConfigReader) -> RopeSpec:
     """The rope scaling transformers 5 reads from either spelling: transformers 4's rope_theta + rope_scaling
     or 5's rope_parameters (theta inside); errors name the section and key."""
     section = "rope_parameters" if reader.get("rope_parameters", None, dict) else "rope_scaling"

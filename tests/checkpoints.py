@@ -69,6 +69,15 @@ FAMILY_CASES = [
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=6,
         layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=24,
         attn_logit_softcapping=2.0, final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh")),
+    # a global layer between two sliding ones (5 tokens); q/k norms (1 + w); the sliding layers' rope of
+    # base 500, the global layers' of base 100 with linear scaling by 8; the default query_pre_attn_scalar
+    # (256, not head_dim 16). Three layers, a query scale of 1/16: six layers (Gemma 3's default pattern) and
+    # head_dim's scale compound transformers' own 16-bit rounding past the conformance budget
+    Case("gemma3-local-rope", "Gemma3ForCausalLM", dict(
+        num_hidden_layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=5,
+        rope_theta=100.0, rope_local_base_freq=500.0,
+        rope_scaling=dict(rope_type="linear", factor=8.0))),
     # q/k/v and gate/up packed; rotary on half of each head (8 of 16)
     Case("phi3-partial", "Phi3ForCausalLM", dict(num_attention_heads=3, num_key_value_heads=1,
                                                   partial_rotary_factor=0.5, tie_word_embeddings=False)),
@@ -86,6 +95,15 @@ CASES_BY_ID = {case.id: case for case in CASES}
 CASE_IDS = [case.id for case in CASES]
 
 
+# The config class of an architecture whose name does not give it (Gemma3Config is the multimodal model's)
+CONFIG_CLASSES = {"Gemma3ForCausalLM": "Gemma3TextConfig"}
+
+
+def config_class(case: Case) -> str:
+    """The name of the transformers config class of the case's architecture."""
+    return CONFIG_CLASSES.get(case.architecture, case.architecture.replace("ForCausalLM", "Config"))
+
+
 def hf_config(case: Case) -> dict[str, Any]:
     """The case's config.json fields (before transformers fills in its defaults)."""
     return {**BASE, **case.config, "architectures": [case.architecture]}
@@ -96,7 +114,7 @@ def build_checkpoint(case: Case, directory: Path, dtype: str = "float32", seed: 
     import torch
     import transformers
 
-    config_cls = getattr(transformers, case.architecture.replace("ForCausalLM", "Config"))
+    config_cls = getattr(transformers, config_class(case))
     model_cls = getattr(transformers, case.architecture)
     config = config_cls(**hf_config(case))
     torch.manual_seed(seed)

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from checkpoints import CASE_IDS, CASES_BY_ID, Case, build_checkpoint, hf_config
+from checkpoints import CASE_IDS, CASES_BY_ID, Case, build_checkpoint, config_class, hf_config
 
 from linnet.rope import inv_frequencies, rope_tables
 from linnet.spec import RopeSpec, spec_from_hf_config
@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 def transformers_rotary(case_id: str):
     case = CASES_BY_ID[case_id]
     name = case.architecture.removesuffix("ForCausalLM")
-    config = getattr(transformers, f"{name}Config")(**hf_config(case))
-    module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
+    config = getattr(transformers, config_class(case))(**hf_config(case))
+    module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
     return config, getattr(module, f"{name}RotaryEmbedding")(config)
 
 
@@ -32,11 +32,15 @@ def test_tables_match_transformers(case_id):
     spec = spec_from_hf_config(config.to_dict())
     positions = spec.max_positions
     cos, sin = rope_tables(spec, positions)
-    assert cos.dtype == sin.dtype == np.float32 and cos.shape == sin.shape == (positions, spec.rotary_dim)
-    with torch.no_grad():
-        their_cos, their_sin = rotary(torch.zeros(1), torch.arange(positions)[None])
-    np.testing.assert_allclose(cos, their_cos[0].numpy(), atol=1e-6, rtol=0)
-    np.testing.assert_allclose(sin, their_sin[0].numpy(), atol=1e-6, rtol=0)
+    # one table, or Gemma 3's two side by side: the global layers', then the sliding layers'
+    tables = [()] if spec.local_rope is None else [("full_attention",), ("sliding_attention",)]
+    width = spec.rotary_dim
+    assert cos.dtype == sin.dtype == np.float32 and cos.shape == sin.shape == (positions, width * len(tables))
+    for j, layer_type in enumerate(tables):
+        with torch.no_grad():
+            their_cos, their_sin = rotary(torch.zeros(1), torch.arange(positions)[None], *layer_type)
+        np.testing.assert_allclose(cos[:, j * width:(j + 1) * width], their_cos[0].numpy(), atol=1e-6, rtol=0)
+        np.testing.assert_allclose(sin[:, j * width:(j + 1) * width], their_sin[0].numpy(), atol=1e-6, rtol=0)
     assert (spec.rope.kind == "llama3") == (case_id == "llama-mqa-tied-rope3")
 
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from linnet.program.builder import SectionBuilder
     from linnet.spec import ConfigReader, ModelSpec
 
-_MODULES = ("llama", "qwen2", "qwen3", "mistral", "granite", "olmo2", "smollm3", "gemma2", "phi3", "stablelm",
+_MODULES = ("llama", "qwen2", "qwen3", "mistral", "granite", "olmo2", "smollm3", "gemma2", "gemma3", "phi3", "stablelm",
             "gptneox")
 
 

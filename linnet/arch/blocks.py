@@ -64,8 +64,9 @@ def layer_kinds(spec: ModelSpec) -> tuple[str, ...]:
 
 def attention(b: SectionBuilder, h: str, kind: str, qk_norm: str | None = None) -> str:
     """Self-attention of h over the cache: q/k/v projections, q/k norms (``"head"``: per head, as Qwen3;
-    ``"flat"``: over the whole projection, as OLMo 2), rotary (unless the kind is "-nope"), the cache
-    writes, attention (a window on "sliding" kinds) and the output projection."""
+    ``"flat"``: over the whole projection, as OLMo 2), rotary (unless the kind is "-nope"; by the local
+    rope's table on "sliding" kinds of a spec that has one), the cache writes, attention (a window on
+    "sliding" kinds) and the output projection."""
     spec = b.spec
     q = b.linear(h, "q", spec.q_size, spec.qkv_bias)
     k = b.linear(h, "k", spec.kv_size, spec.qkv_bias)
@@ -78,7 +79,8 @@ def attention(b: SectionBuilder, h: str, kind: str, qk_norm: str | None = None) 
     if qk_norm == "head":
         q, k = b.rms_norm(q, "q_norm", "q_normed"), b.rms_norm(k, "k_norm", "k_normed")
     if not kind.endswith("-nope"):
-        q, k = b.rotary(q, "q_rot"), b.rotary(k, "k_rot")
+        table = 1 if kind.startswith("sliding") and spec.local_rope is not None else 0  # the local rope's
+        q, k = b.rotary(q, "q_rot", table), b.rotary(k, "k_rot", table)
     cache_k = b.cache_write("cache_k", k, "cache_k_out")
     cache_v = b.cache_write("cache_v", v, "cache_v_out")
     window = spec.sliding_window if kind.startswith("sliding") else None

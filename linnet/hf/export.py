@@ -62,7 +62,7 @@ def hf_config(spec: ModelSpec, dtype: str, eos_ids: list[int]) -> dict[str, Any]
     with the architecture's own keys; read back first, so a model it would describe otherwise is refused."""
     arch = get_architecture(spec.architecture)
     rope = spec.rope
-    scaling = _rope_scaling(rope)
+    scaling = rope_scaling(rope)
     family = arch.hf_config(spec)
     partial = {k: family[k] for k in ("partial_rotary_factor",) if k in family}
     config = {
@@ -98,7 +98,7 @@ def hf_config(spec: ModelSpec, dtype: str, eos_ids: list[int]) -> dict[str, Any]
     return config
 
 
-def _rope_scaling(rope: RopeSpec) -> dict[str, Any] | None:
+def rope_scaling(rope: RopeSpec) -> dict[str, Any] | None:
     """rope_scaling as transformers reads it; YaRN's optional keys only where they are not its defaults."""
     if rope.kind == "llama3":
         return {"rope_type": "llama3", "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,

@@ -16,8 +16,11 @@ cache rows, ``P`` cache positions. Inputs:
     rows       [R]      i64  the cache row each entry reads and writes; distinct
     select     [R, S]   i64  indices into T: the tokens whose logits the step returns
     cache_k, cache_v    [LAYERS, ROWS, KV_HEADS, P, HEAD_DIM]  the run dtype
-    rope_cos, rope_sin  [P, ROTARY_DIM]  f32, from ``linnet.rope.rope_tables`` (scaling included);
-               ROTARY_DIM is the head's width, or less for partial rotary
+    rope_cos, rope_sin  [P, ROTARY_DIM * TABLES]  f32, from ``linnet.rope.rope_tables`` (scaling
+               included); ROTARY_DIM is the head's width, or less for partial rotary. TABLES rotary tables
+               side by side: table j is columns [j * ROTARY_DIM, (j + 1) * ROTARY_DIM). One table for most
+               models; two where sliding layers rotate by a rope of their own (Gemma 3): the global rope's
+               (table 0), then the local rope's (table 1)
     weights    ``w.<name>``, canonical names (``linnet.names``), in the weight dtype: the run dtype, or a
                narrower one (16-bit weights with f32 arithmetic, for CPUs, whose products are bound by
                the bytes they read); an op widens a weight to ``act`` where it reads it. A matrix named
@@ -56,10 +59,12 @@ the first's leading axes (a weight vector, a [..., 1] per-token value).
   split_heads(x; heads)                 [..., heads * HEAD_DIM] -> [..., heads, HEAD_DIM]
   layer_norm(x, w, b; eps, dtype)       cast_act(((x32 - m) * rsqrt(mean((x32 - m)^2) + eps)) * f32(w) +
                                         f32(b)), m = mean(x32), x32 = f32(x), over the last axis
-  rotary(x, positions, cos, sin)        x * c + rotate_half(x) * s, c = cast_act(cos[positions]) (same
-                                        for s), rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]); D is
-                                        x's width, the tables' (partial rotary splits x, rotates the first
-                                        part and concatenates)
+  rotary(x, positions, cos, sin[; table])
+                                        x * c + rotate_half(x) * s, c = cast_act(cos[positions][..., j*D:
+                                        (j+1)*D]) (same for s), rotate_half(x) = cat(-x[..., D/2:],
+                                        x[..., :D/2]); D is x's width, each table's (the inputs' width is a
+                                        multiple of D); j is ``table``, 0 when the attr is absent (partial
+                                        rotary splits x, rotates the first part and concatenates)
   cache_write(cache, rows, positions, v)  the cache with cache[rows[r], :, positions[r, t]] = v[r, t];
                                         when two entries write one place, which one lands is unspecified
   attention(q, cache_k, cache_v, rows, positions; scale[, softcap][, window])

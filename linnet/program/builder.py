@@ -119,14 +119,16 @@ class SectionBuilder:
     def split_heads(self, x: str, heads: int, hint: str) -> str:
         return self.op("split_heads", (x,), hint, {"heads": heads})
 
-    def rotary(self, x: str, hint: str) -> str:
-        """Rotary embedding of x's first ``rotary_dim`` dims per head; the rest pass through."""
+    def rotary(self, x: str, hint: str, table: int = 0) -> str:
+        """Rotary embedding of x's first ``rotary_dim`` dims per head by rotary table ``table`` (0: the
+        spec's rope, 1: its local rope); the rest pass through."""
         rd, d = self.spec.rotary_dim, self.spec.head_dim
         tables = ("positions", "rope_cos", "rope_sin")
+        attrs = {"table": table} if table else None  # table 0 is the op without the attr
         if rd == d:
-            return self.op("rotary", (x, *tables), hint)
+            return self.op("rotary", (x, *tables), hint, attrs)
         rotated, kept = self.op("split", (x,), f"{hint}_part", {"sizes": (rd, d - rd)}, outs=2)
-        return self.op("concat", (self.op("rotary", (rotated, *tables), f"{hint}_rotated"), kept), hint)
+        return self.op("concat", (self.op("rotary", (rotated, *tables), f"{hint}_rotated", attrs), kept), hint)
 
     def cache_write(self, cache: str, value: str, out: str) -> str:
         self.named("cache_write", (cache, "rows", "positions", value), (out,))

@@ -111,11 +111,12 @@ class Program:
 
 def step_inputs(spec: ModelSpec, act: str) -> dict[str, Value]:
     cache = Value(("ROWS", spec.num_kv_heads, "P", spec.head_dim), act)
+    tables = Value(("P", spec.rotary_dim * spec.rope_table_count), "f32")  # the rotary tables side by side
     return {
         "tokens": Value(("R", "T"), "i64"), "positions": Value(("R", "T"), "i64"),
         "rows": Value(("R",), "i64"), "select": Value(("R", "S"), "i64"),
         "cache_k": cache, "cache_v": cache,  # per layer; the step holds LAYERS of each
-        "rope_cos": Value(("P", spec.rotary_dim), "f32"), "rope_sin": Value(("P", spec.rotary_dim), "f32"),
+        "rope_cos": tables, "rope_sin": tables,
     }
 
 

@@ -99,9 +99,17 @@ def _split_heads(op: Op, args: list[Value], spec: ModelSpec, act: str) -> list[V
 
 
 def _rotary(op: Op, args: list[Value], spec: ModelSpec, act: str) -> list[Value]:
-    a, positions, cos, _ = args
+    a, positions, cos, sin = args
     _need(op, args, len(a.shape) == 4 and positions.shape == a.shape[:2], "x [R, T, heads, D]")
-    _need(op, args, cos.shape[-1] == a.shape[-1], "x's last axis must be the rotary tables' width")
+    _need(op, args, set(op.attrs) <= {"table"}, f"rotary takes a table attr only, not {sorted(op.attrs)}")
+    table = op.attrs.get("table", 0)
+    width, total = a.shape[-1], cos.shape[-1]
+    _need(op, args, isinstance(width, int) and isinstance(total, int) and cos.shape == sin.shape,
+          "x's width and the tables' must be fixed, cos and sin of one shape")
+    assert isinstance(width, int) and isinstance(total, int)
+    _need(op, args, total % width == 0, "the tables' width must be a multiple of x's (each table is x's width)")
+    _need(op, args, type(table) is int and 0 <= table < total // width,
+          f"table must be an index of one of the {total // width} tables, not {table!r}")
     return [a]
 
 

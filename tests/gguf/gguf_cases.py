@@ -1,12 +1,13 @@
-"""GGUF cases: the shared checkpoints llama.cpp's graphs can express, and variants of those they cannot
-(a windowed Mistral, SmolLM3's NoPE layer other than every fourth, Gemma 2's query_pre_attn_scalar other
-than head_dim), changed to what llama.cpp expresses; plus the serial residual of the two families whose
-cases are parallel, and rope scaling: linear, YaRN (Llama's interleaved rope; Qwen2's halves, with an
-attention factor of its own) and Phi-3's LongRoPE. llama.cpp applies one set of LongRoPE factors to a whole
-context (the long ones when its context size exceeds the original), Linnet's per position, so the llama.cpp
-test sees the short factors (an original context of 256, past llama.cpp's context of 64, padded to at most
-256) and, in a variant whose two sets are the same, the long ones with their attention factor.
-``gguf_case_dir`` (conftest.py) builds them."""
+"""GGUF cases: the shared checkpoints llama.cpp's graphs can express, and variants of those they cannot (a
+windowed Mistral, SmolLM3's NoPE layer other than every fourth, Gemma 2's query_pre_attn_scalar other than
+head_dim, Gemma 3's layers other than every sixth global, local rope base other than 10000 and
+query_pre_attn_scalar other than head_dim), changed to what llama.cpp expresses; plus the serial residual of
+the two families whose cases are parallel, and rope scaling: linear, YaRN (Llama's interleaved rope; Qwen2's
+halves, with an attention factor of its own) and Phi-3's LongRoPE. llama.cpp applies one set of LongRoPE
+factors to a whole context (the long ones when its context size exceeds the original), Linnet's per position,
+so the llama.cpp test sees the short factors (an original context of 256, past llama.cpp's context of 64,
+padded to at most 256) and, in a variant whose two sets are the same, the long ones with their attention
+factor. ``gguf_case_dir`` (conftest.py) builds them."""
 from __future__ import annotations
 
 from checkpoints import CASES, CASES_BY_ID, Case
@@ -23,11 +24,14 @@ REFUSED = {
     "mistral-window5": "llama graph .* has no sliding-window attention; MistralForCausalLM's sliding_window=5",
     "smollm3-nope": r"smollm3 graph leaves rotary out of every 4th layer \[\], not this model's \[1\]",
     "gemma2-softcap-window6": "gemma2 graph scales attention by 0.25, not this model's 0.204124",
+    "gemma3-local-rope": "gemma3 graph scales attention by 0.25, not this model's 0.0625",
 }
 VARIANTS = {case.id: case for case in [
     _variant("mistral-window5", "mistral-nowindow", sliding_window=None),
     _variant("smollm3-nope", "smollm3-every4th", num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0]),
     _variant("gemma2-softcap-window6", "gemma2-headscale", query_pre_attn_scalar=16),
+    _variant("gemma3-local-rope", "gemma3-local10k", num_hidden_layers=6, layer_types=None,
+             rope_local_base_freq=10000.0, query_pre_attn_scalar=16),
     _variant("stablelm-parallel", "stablelm-serial", use_parallel_residual=False),
     _variant("gptneox-parallel", "gptneox-serial", use_parallel_residual=False),
     _variant("llama-gqa3", "llama-linear-rope", rope_scaling=dict(rope_type="linear", factor=4.0)),

@@ -68,9 +68,9 @@ def test_unsupported_tensor_type_is_named(tmp_path):
 
 def test_unsupported_architecture_is_named(tmp_path):
     path = tmp_path / "gemma.gguf"
-    write_gguf(path, "gemma3")
-    with pytest.raises(UnsupportedModel, match="'gemma3' is not supported; supported: gemma2, gptneox, granite, "
-                                               "llama, olmo2, phi3, qwen2, qwen3, smollm3, stablelm"):
+    write_gguf(path, "gemma3n")
+    with pytest.raises(UnsupportedModel, match="'gemma3n' is not supported; supported: gemma2, gemma3, gptneox, "
+                                               "granite, llama, olmo2, phi3, qwen2, qwen3, smollm3, stablelm"):
         load_gguf(path)
 
 
@@ -93,6 +93,8 @@ def without_head(spec, weights):
     ("phi3-partial", lambda s, w: (replace(s, layer_types=("sliding",) * 2, sliding_window=5), w),
      "phi3 graph has no sliding-window attention; Phi3ForCausalLM's sliding_window=5"),
     ("gptneox-parallel", lambda s, w: (replace(s, activation="gelu_tanh"), w), "one GELU .*, not gelu_tanh"),
+    ("gemma3-local10k", lambda s, w: (replace(s, local_rope=RopeSpec(500.0)), w),
+     "gemma3 graph rotates sliding layers by base 10000 without scaling, not this model's local rope"),
 ])
 def test_a_model_the_gguf_would_describe_otherwise_is_refused(case, change, message, gguf_case_dir, tmp_path):
     model = open_model(str(gguf_case_dir(case)))

@@ -86,6 +86,12 @@ def test_smollm2_greedy_matches_llama_cpp_on_the_dequantised_weights(smollm2, tm
     assert "Paris" in ours.text
 
 
+# llama.cpp's CPU GELU reads a table of float16 inputs and outputs; over the six GELU-tanh layers of the Gemma 3
+# case that moves its logits by up to 1.4e-3 of the largest (emulating the table in the reference interpreter
+# brings the difference down to 2e-4)
+TOLERANCE = {"gemma3-local10k": 2e-3}
+
+
 @pytest.mark.parametrize("case", GGUF_CASE_IDS)
 def test_llama_cpp_runs_the_f32_export(case, gguf_case_dir, tmp_path):
     # general.name is the model's directory; llama.cpp gives a model whose name holds "phi3" Phi-3's token
@@ -97,7 +103,7 @@ def test_llama_cpp_runs_the_f32_export(case, gguf_case_dir, tmp_path):
     theirs = np.array(llm.scores[: len(PROMPT)])
     runner = create_runner("reference:numpy", model.weights, CacheShape(1, 64))
     ours = runner.prefill(0, PROMPT, all_logits=True)
-    assert np.abs(theirs - ours).max() <= 1e-3 * np.abs(ours).max()
+    assert np.abs(theirs - ours).max() <= TOLERANCE.get(case, 1e-3) * np.abs(ours).max()
 
     ours_greedy = generate(runner, PROMPT, max_new_tokens=12, eos_ids=()).token_ids
     assert llama_greedy(llm, PROMPT, 12) == ours_greedy

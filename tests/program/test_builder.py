@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from checkpoints import CASE_IDS, CASES_BY_ID, hf_config
+from checkpoints import CASE_IDS, CASES_BY_ID, config_class, hf_config
 
 from linnet.program import build_program
 from linnet.spec import spec_from_hf_config
@@ -21,7 +21,7 @@ GOLDEN = Path(__file__).parent / "golden"
 def spec_of(case_id: str):
     """The spec of a case's config as transformers writes it (its defaults filled in)."""
     case = CASES_BY_ID[case_id]
-    config = getattr(transformers, case.architecture.replace("ForCausalLM", "Config"))(**hf_config(case))
+    config = getattr(transformers, config_class(case))(**hf_config(case))
     return spec_from_hf_config({**config.to_dict(), "architectures": [case.architecture]})
 
 

@@ -257,14 +257,18 @@ class _Emitter:
         return self.node("Reshape", [x, self.ints(0, 0, op.attrs["heads"], self.spec.head_dim)], "heads")
 
     def op_rotary(self, op: Op, x: str, positions: str, cos: str, sin: str) -> str:
+        unknown = sorted(set(op.attrs) - {"table"})
+        if unknown:
+            raise LinnetError(f"the ONNX emitter has no form of rotary's {', '.join(unknown)} (op {op})")
         _, _, heads, width = self.types[op.inputs[0]].shape  # width: the head's, or its rotated part's
         assert isinstance(heads, int) and isinstance(width, int)
+        table = op.attrs.get("table", 0)
         if self.contrib:  # com.microsoft RotaryEmbedding: [R, T, heads, D] as [R, T, heads * D]
-            cos_half, sin_half = self._shared["cos_half"], self._shared["sin_half"]
+            cos_half, sin_half = self._shared[_half_name("cos", table)], self._shared[_half_name("sin", table)]
             y = self.node("RotaryEmbedding", [self.flat(x), positions, cos_half, sin_half], "rot",
                           domain="com.microsoft", interleaved=0, num_heads=heads)
             return self.flat_heads(self.rounded(y), heads, width)
-        c, s = self._rope_gathered()
+        c, s = self._rope_gathered(table, width)
         half = width // 2
         lo, hi = self.node_outs("Split", [x, self.ints(half, half)], "half", 2, axis=-1)
         rotated = self.node("Concat", [self.node("Neg", [hi], "neg"), lo], "rot_half", axis=-1)
@@ -435,24 +439,26 @@ class _Emitter:
         qkv = [self.flat(q), k, v]
         rotary: dict[str, Any] = {}
         packed = self._packed_rotary(*qkv)
-        if packed:  # the kernel splits q/k/v and rotates q and k itself
-            qkv, rotary = [packed, "", ""], {"do_rotary": 1, "rotary_interleaved": 0}
+        tables: list[str] = []
+        if packed:  # the kernel splits q/k/v and rotates q and k itself, by the tables their rotations read
+            qkv, tables, rotary = [packed[0], "", ""], list(packed[1:]), {"do_rotary": 1, "rotary_interleaved": 0}
         out = self.fresh("attn")
         self.nodes.append(helper.make_node(
-            "GroupQueryAttention", [*qkv, past_k, past_v, seqlens, total,
-                                    *([self._shared["cos_half"], self._shared["sin_half"]] if packed else [])],
+            "GroupQueryAttention", [*qkv, past_k, past_v, seqlens, total, *tables],
             [out, cache_k, cache_v], name=out, domain="com.microsoft", num_heads=spec.num_heads,
             kv_num_heads=spec.num_kv_heads, **attrs, **rotary))
         return self.rounded(out)
 
-    def _packed_rotary(self, q: str, k: str, v: str) -> str | None:
-        """The fused q/k/v product, where q and k are only its parts rotated at ``positions`` and v its
-        last part (no q/k norm, nothing else reads them): the Split and both rotations are taken out.
-        The kernel rotates whole heads: with partial rotary, q and k are concatenations, and nothing matches."""
+    def _packed_rotary(self, q: str, k: str, v: str) -> tuple[str, str, str] | None:
+        """The fused q/k/v product, where q and k are only its parts rotated at ``positions`` by one pair
+        of tables and v its last part (no q/k norm, nothing else reads them): the Split and both rotations
+        are taken out; the product and the tables. The kernel rotates whole heads: with partial rotary, q
+        and k are concatenations, and nothing matches."""
         made = {out: node for node in self.nodes for out in node.output}
         rot_q, rot_k, split = made.get(q), made.get(k), made.get(v)
         if not (rot_q and rot_k and split and split.op_type == "Split" and self.compute == self.act
                 and all(r.op_type == "RotaryEmbedding" and r.input[1] == "positions" for r in (rot_q, rot_k))
+                and rot_q.input[2:] == rot_k.input[2:]
                 and [rot_q.input[0], rot_k.input[0], v] == list(split.output)):
             return None
         taken = (rot_q, rot_k, split)
@@ -460,7 +466,7 @@ class _Emitter:
                for i in n.input):
             return None
         self.nodes = [n for n in self.nodes if n not in taken]
-        return split.input[0]
+        return split.input[0], rot_q.input[2], rot_q.input[3]
 
     # -- per-head values kept flat ----------------------------------------------------------------
     def flat_heads(self, flat: str, heads: int, width: int) -> str:
@@ -492,12 +498,23 @@ class _Emitter:
             self._shared[key] = build()
         return self._shared[key]
 
-    def _rope_gathered(self) -> tuple[str, str]:
+    def _rope_gathered(self, index: int = 0, width: int = 0) -> tuple[str, str]:
+        """The rotary tables at the step's positions, [R, T, 1, D], gathered once per step; with several
+        tables side by side, table ``index``'s columns (``width`` each), cut once."""
         def table(name: str) -> str:
             gathered = self.node("Gather", [f"rope_{name}", "positions"], f"{name}_pos", axis=0)  # [R, T, D]
             gathered = self.node("Unsqueeze", [gathered, self.ints(2)], f"{name}_heads")
             return self.rounded(gathered if self.compute == "f32" else self.cast(gathered, self.compute, name))
-        return self._once("cos", lambda: table("cos")), self._once("sin", lambda: table("sin"))
+
+        c, s = self._once("cos", lambda: table("cos")), self._once("sin", lambda: table("sin"))
+        if self.spec.rope_table_count == 1:
+            return c, s
+        bounds = [self.ints(index * width), self.ints((index + 1) * width), self.ints(-1)]
+
+        def cut(name: str, gathered: str) -> str:
+            return self._once(f"{name}:{index}",
+                              lambda: self.node("Slice", [gathered, *bounds], f"{name}_table{index}"))
+        return cut("cos", c), cut("sin", s)
 
     def _scatter_index(self) -> str:
         """[R, T, KV, 3] indices (rows[r], head, positions[r, t]) into a [ROWS, KV, P, D] cache."""
@@ -659,10 +676,18 @@ def _rope_initializers(program: Program, positions: int, e: _Emitter) -> list[on
     if not e.contrib:
         e._names.update({"rope_cos", "rope_sin"})
         return [onnx.numpy_helper.from_array(cos, "rope_cos"), onnx.numpy_helper.from_array(sin, "rope_sin")]
-    half, tables = program.spec.rotary_dim // 2, []
-    for name, table in (("cos_half", cos), ("sin_half", sin)):
-        rounded = table[:, :half].astype(DTYPES[program.dtype].numpy).astype(DTYPES[e.compute].numpy)
-        tables.append(onnx.numpy_helper.from_array(np.ascontiguousarray(rounded), f"rope_{name}"))
-        e._shared[name] = f"rope_{name}"
-        e._names.add(f"rope_{name}")
+    width, tables = program.spec.rotary_dim, []
+    for index in range(program.spec.rope_table_count):  # each table's first half, its own initializer
+        for name, table in (("cos", cos), ("sin", sin)):
+            half = _half_name(name, index)
+            columns = table[:, index * width:index * width + width // 2]
+            rounded = columns.astype(DTYPES[program.dtype].numpy).astype(DTYPES[e.compute].numpy)
+            tables.append(onnx.numpy_helper.from_array(np.ascontiguousarray(rounded), f"rope_{half}"))
+            e._shared[half] = f"rope_{half}"
+            e._names.add(f"rope_{half}")
     return tables
+
+
+def _half_name(name: str, table: int) -> str:
+    """The half table (ort) of rotary table ``table``: ``cos_half``, ``cos_half.1``, ..."""
+    return f"{name}_half" + (f".{table}" if table else "")

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from linnet.errors import LinnetError
 from linnet.program import Op, Program, Section
 from linnet.quantize import Affine, affine, block_names, dequantized, int8_rounded
 
@@ -100,8 +101,13 @@ def linear_int8(op: Op, act: type, x: np.ndarray, w: np.ndarray, b: np.ndarray |
 
 
 def rotary(op: Op, act: type, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    c = cos[positions].astype(act)[:, :, None, :]  # [R, T, 1, D]: the same for every head
-    s = sin[positions].astype(act)[:, :, None, :]
+    unknown = sorted(set(op.attrs) - {"table"})
+    if unknown:
+        raise LinnetError(f"the reference interpreter has no rotary attrs {unknown} (op {op})")
+    width, table = x.shape[-1], op.attrs.get("table", 0)
+    columns = slice(table * width, (table + 1) * width)  # table j's columns
+    c = cos[positions][..., columns].astype(act)[:, :, None, :]  # [R, T, 1, D]: the same for every head
+    s = sin[positions][..., columns].astype(act)[:, :, None, :]
     half = x.shape[-1] // 2
     rotated = np.concatenate((-x[..., half:], x[..., :half]), axis=-1)
     return x * c + rotated * s

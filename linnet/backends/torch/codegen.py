@@ -367,9 +367,20 @@ NATIVE_OPS = frozenset({
 # read where its layer's mask is chosen (`_kind_masks`).
 _ATTRS = {"rms_norm": {"eps"}, "rms_linear": {"eps", "norm"}, "norm_linear": {"eps"}, "layer_norm": {"eps", "dtype"},
           "split": {"sizes"}, "split_heads": {"heads"}, "cast": {"dtype"}, "scale": {"factor"}, "shift": {"amount"},
-          "activation": {"fn"}, "softcap": {"cap"}, "attention": {"scale", "softcap", "window"}}
+          "activation": {"fn"}, "softcap": {"cap"}, "attention": {"scale", "softcap", "window"}, "rotary": {"table"}}
 _ACTIVATIONS = {"silu": "F.silu({})", "gelu": "F.gelu({})", "gelu_tanh": 'F.gelu({}, approximate="tanh")'}
 _TORCH_DTYPES = {"f32": "torch.float32", "f16": "torch.float16", "bf16": "torch.bfloat16"}
+
+
+def _rope_table(op: Op, program: Program, types: dict[str, Value]) -> str:
+    """The gathered rotary tables a rotary op reads: `cos, sin`, or with several tables side by side, the
+    columns of its own (``table``)."""
+    width, start = types[op.inputs[0]].shape[-1], op.attrs.get("table", 0)
+    assert isinstance(width, int)
+    if types[op.inputs[2]].shape[-1] == width:  # one table
+        return "cos, sin"
+    start *= width
+    return f"cos[..., {start}:{start + width}], sin[..., {start}:{start + width}]"
 
 
 def emit_op(op: Op, program: Program, types: dict[str, Value]) -> str:
@@ -391,7 +402,7 @@ def emit_op(op: Op, program: Program, types: dict[str, Value]) -> str:
     if op.kind == "split_heads":
         return f"{out} = split_heads({args}, {op.attrs['heads']})"
     if op.kind == "rotary":
-        return f"{out} = rotary({op.inputs[0]}, cos, sin)"
+        return f"{out} = rotary({op.inputs[0]}, {_rope_table(op, program, types)})"
     if op.kind == "attention":
         q, cache_k, cache_v, rows, _ = op.inputs
         cap = f", softcap={op.attrs['softcap']!r}" if "softcap" in op.attrs else ""

@@ -205,7 +205,15 @@ def emit_op(op: Op, types: dict[str, Value]) -> str:
     if op.kind == "split_heads":
         return f"{out} = split_heads({args}, {op.attrs['heads']})"
     if op.kind == "rotary":
-        return f"{out} = rotary({names[0]}, cos, sin)"
+        unknown = sorted(set(op.attrs) - {"table"})
+        if unknown:
+            raise LinnetError(f"the xla:jax backend has no rotary attribute {', '.join(unknown)} (op {op})")
+        width, start = types[op.inputs[0]].shape[-1], op.attrs.get("table", 0)
+        assert isinstance(width, int)
+        if types[op.inputs[2]].shape[-1] == width:  # one table
+            return f"{out} = rotary({names[0]}, cos, sin)"
+        start *= width  # table j's columns of the tables side by side
+        return f"{out} = rotary({names[0]}, cos[..., {start}:{start + width}], sin[..., {start}:{start + width}])"
     if op.kind == "cache_write":
         cache, rows, positions, value = names
         return f"{out} = cache_write({cache}, {rows}, {positions}, {value})"

@@ -3,10 +3,10 @@
 One module is one step of fixed shape (decode: every cache row, one token; prefill: one row, a padded
 chunk), its entry point ``main``. The calling convention (``arguments``) is the Program's step with the
 layers unrolled: ``tokens, positions, rows, select`` (i32), each layer's ``cache_k.<i>`` then each
-``cache_v.<i>`` [ROWS, KV_HEADS, P, HEAD_DIM], ``rope_cos, rope_sin`` [P, ROTARY_DIM] f32, then the weights
-by name in the program's layout (``linnet.weight_plan``); results: logits [R, S, VOCAB] f32 and the
-caches in argument order, each cache result aliasing its argument (the caller donates the caches and
-XLA writes them in place). Every op carries its source location: the section, layer and Program op it
+``cache_v.<i>`` [ROWS, KV_HEADS, P, HEAD_DIM], ``rope_cos, rope_sin`` [P, ROTARY_DIM * TABLES] f32, then
+the weights by name in the program's layout (``linnet.weight_plan``); results: logits [R, S, VOCAB] f32
+and the caches in argument order, each cache result aliasing its argument (the caller donates the caches
+and XLA writes them in place). Every op carries its source location: the section, layer and Program op it
 lowers, and its own value's name, which XLA's errors name. Each layer is its kind's section
 (``Program.layer_section``), inlined.
 """
@@ -64,7 +64,7 @@ def arguments(program: Program, sizes: Sizes) -> list[tuple[str, tuple[int, ...]
             ("rows", (sizes.R,), "i32"), ("select", (sizes.R, sizes.S), "i32")]
     args += [(f"cache_k.{i}", cache, act) for i in range(spec.num_layers)]
     args += [(f"cache_v.{i}", cache, act) for i in range(spec.num_layers)]
-    args += [(f"rope_{t}", (sizes.P, spec.rotary_dim), "f32") for t in ("cos", "sin")]
+    args += [(f"rope_{t}", (sizes.P, spec.rotary_dim * spec.rope_table_count), "f32") for t in ("cos", "sin")]
     return args + [(name, shape, act) for name, shape in weight_shapes(program)]
 
 
@@ -98,6 +98,7 @@ class _Emitter:
         self.count = 0
         self.loc = "step"
         self.rope: tuple[V, V] | None = None
+        self.rope_tables: dict[int, tuple[V, ...]] = {}  # each rotary table's columns of ``rope``
 
     # -- the module --------------------------------------------------------------------------------
     def module(self, name: str) -> str:
@@ -268,10 +269,17 @@ class _Emitter:
         return self.reshape(x, (*x.shape[:-1], heads, x.shape[-1] // heads))
 
     def op_rotary(self, op: Op, x: V, positions: V, cos: V, sin: V) -> V:
+        unknown = sorted(set(op.attrs) - {"table"})
+        if unknown:
+            raise LinnetError(f"the xla:stablehlo backend has no rotary attribute {', '.join(unknown)} (op {op})")
         if self.rope is None:  # gathered once per step, for every layer
             rope_cos, rope_sin = (self.convert(self.gather_rows(t, positions), self.act) for t in (cos, sin))
             self.rope = (rope_cos, rope_sin)
-        c, s = (self.broadcast(t, x.shape, [0, 1, 3]) for t in self.rope)
+        width, table = x.shape[-1], op.attrs.get("table", 0)
+        if table not in self.rope_tables:  # table j's columns of the tables side by side, cut once per step
+            self.rope_tables[table] = self.rope if self.rope[0].shape[-1] == width else tuple(
+                self.slice_last(t, table * width, (table + 1) * width) for t in self.rope)
+        c, s = (self.broadcast(t, x.shape, [0, 1, 3]) for t in self.rope_tables[table])
         half = x.shape[-1] // 2
         rotated = self.concat_last([self.unary("negate", self.slice_last(x, half, x.shape[-1])),
                                     self.slice_last(x, 0, half)])
