@@ -31,6 +31,12 @@ SHAPES = {
         attn_logit_softcapping=50.0, final_logit_softcapping=30.0, sliding_window=4096,
         hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, bos_token_id=2, eos_token_id=[1, 107],
         pad_token_id=0),
+    "gemma-3-1b-it": dict(
+        architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_size=1152, intermediate_size=6912,
+        num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+        sliding_window=512, query_pre_attn_scalar=256, hidden_activation="gelu_pytorch_tanh",
+        tie_word_embeddings=True, bos_token_id=2, eos_token_id=[1, 106], pad_token_id=0),
     # Phi-3.5-mini's shapes; its LongRoPE scaling is left out (Linnet refuses it by name so far), which
     # changes no shape
     "phi-3.5-mini-instruct": dict(

@@ -18,7 +18,7 @@ def test_bundled_entries_load():
     entries = {e.id: e for e in registry.entries()}
     assert set(entries) == {"qwen3-4b", "qwen2.5-0.5b-instruct", "smollm2-135m-instruct", "gemma-2-2b-it",
                             "phi-3.5-mini-instruct", "mistral-7b-instruct-v0.3", "olmo-2-0425-1b", "smollm3-3b",
-                            "granite-3.3-2b-instruct", "pythia-1b", "stablelm-2-1.6b"}
+                            "granite-3.3-2b-instruct", "pythia-1b", "stablelm-2-1.6b", "gemma-3-1b-it"}
     assert entries["qwen3-4b"].hf.repo == "Qwen/Qwen3-4B"
     assert entries["qwen2.5-0.5b-instruct"].architecture == "qwen2"
     smol = entries["smollm2-135m-instruct"]
