@@ -227,12 +227,15 @@ def spec_from_hf_config(config: Any, where: str = "config.json") -> ModelSpec:
     dtype = reader.get("dtype", None, str) or reader.get("torch_dtype", "float32", str)
     if dtype not in BY_HF:
         raise UnsupportedModel(f"checkpoint dtype {dtype!r} is not supported")
+    layers = reader.count("num_hidden_layers")
+    if layers > MAX_LAYERS:  # before a family reader sizes per-layer lists by it
+        raise reader.fail("num_hidden_layers", f"{layers} layers is past Linnet's bound of {MAX_LAYERS}")
     fields = dict(
         architecture=arch.name,
         vocab_size=reader.count("vocab_size"),
         hidden_size=hidden,
         intermediate_size=reader.count("intermediate_size"),
-        num_layers=reader.count("num_hidden_layers"),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=reader.count("num_key_value_heads", heads),
         head_dim=head_dim,

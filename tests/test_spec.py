@@ -71,6 +71,8 @@ def test_llama3_rope_scaling_both_spellings():
         ({"num_key_value_heads": 3}, "not a multiple"),
         ({"torch_dtype": "float64"}, "dtype 'float64'"),
         ({"hidden_size": None}, "lacks required key 'hidden_size'"),
+        # refused before a family's reader builds a list per layer (found by the config fuzzer)
+        ({"num_hidden_layers": 2**40}, "num_hidden_layers: 1099511627776 layers is past Linnet's bound"),
     ],
 )
 def test_unsupported_configs_are_rejected_by_name(change, message):
