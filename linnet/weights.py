@@ -95,27 +95,19 @@ def load_safetensors(model_dir: str | Path, spec: ModelSpec) -> Weights:
     arch = get_architecture(spec.architecture)
     needed = expected_shapes(spec)
     wanted = {name: c for c in needed if (name := hf_name(spec, c)) is not None}
-    packed = {}  # HF name of a packed tensor -> (its Packed, the layer prefix of its parts)
-    for template, pack in arch.hf_packed.items():
-        for prefix in _prefixes(spec, template):
-            if all(prefix + p in needed for p in pack.parts):
-                packed[template.format(i=prefix.split(".")[1] if prefix else "")] = (pack, prefix)
+    packed = {name: (pack, parts)  # HF name of a packed tensor -> (its Packed, the canonical names it holds)
+              for template, pack in arch.hf_packed.items() for name, parts in pack.groups(spec, template, needed)}
     mapped = {name: a for path in files for name, a in map_safetensors(path, {*wanted, *packed}).items()}
     arrays = {wanted[name]: a for name, a in mapped.items() if name in wanted}
     with naming(files[0] if len(files) == 1 else model_dir):
-        for name, (pack, prefix) in packed.items():
+        for name, (pack, parts) in packed.items():
             if name in mapped:
-                parts = _unpacked(spec, pack, mapped[name], name)
-                arrays.update({prefix + p: a for p, a in zip(pack.parts, parts)})
+                arrays.update(zip(parts, _unpacked(spec, pack, mapped[name], name)))
         for canonical in list(arrays):
             transform = arch.hf_transforms.get(canonical.rsplit(".", 1)[-1])
             if transform is not None:
                 arrays[canonical] = transform.load(arrays[canonical])
         return Weights(spec, arrays, time.perf_counter() - start, source_identity(files))
-
-
-def _prefixes(spec: ModelSpec, template: str) -> list[str]:
-    return [f"layers.{i}." for i in range(spec.num_layers)] if "{i}" in template else [""]
 
 
 def _unpacked(spec: ModelSpec, pack: Any, array: np.ndarray, name: str) -> tuple[np.ndarray, ...]:
