@@ -9,6 +9,7 @@ and its config.json keys. Adding one is that file plus its line in ``_MODULES``.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -83,6 +84,7 @@ def _blocks() -> Any:
     return blocks
 
 
+@functools.cache  # every tensor's name is looked up through it
 def _registry() -> dict[str, Architecture]:
     archs = [importlib.import_module(f"linnet.arch.{m}").ARCHITECTURE for m in _MODULES]
     return {a.name: a for a in archs}
