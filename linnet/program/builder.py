@@ -36,17 +36,9 @@ class SectionBuilder:
     def op(self, kind: str, inputs: tuple[str, ...], hint: str, attrs: dict[str, Any] | None = None,
            outs: int = 1) -> Any:
         """Append an op; its output's name (or names, with ``outs`` > 1), made from ``hint``."""
-        names: list[str] = []
-        for i in range(outs):
-            names.append(self.fresh(hint if outs == 1 else f"{hint}{i}"))
-            self.env[names[-1]] = Value((), "f32")  # reserved until typed below
-        op = Op(kind, tuple(names), inputs, attrs or {})
-        for name in names:
-            del self.env[name]
-        values = infer_op(op, [self.env[i] for i in inputs], self.spec, self.act)
-        self.env.update(zip(names, values, strict=True))
-        self.ops.append(op)
-        return names[0] if outs == 1 else tuple(names)
+        names = tuple(self.fresh(hint if outs == 1 else f"{hint}{i}") for i in range(outs))  # distinct hints
+        self.named(kind, inputs, names, attrs)
+        return names[0] if outs == 1 else names
 
     def named(self, kind: str, inputs: tuple[str, ...], names: tuple[str, ...],
               attrs: dict[str, Any] | None = None) -> None:
