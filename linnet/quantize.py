@@ -120,12 +120,12 @@ def block_forms(program: Any, weights: Any, quantize: str, runs: tuple[str, ...]
     (``MADE``), every matrix; "gguf", each matrix that ``weights`` (a GGUF file's) stores in a form the
     backend ``runs``. ``program`` is a ``linnet.program.Program``; the result goes to
     ``linnet.program.quantize_weights``."""
-    from linnet.program import infer_types
+    from linnet.program import infer_types, plan_section
 
     if quantize == "none":
         return {}
-    types = infer_types(program)
-    matrices = {("layer" if section == "layer" else "head", name[2:]) for section, env in types.items()
+    types = infer_types(program)  # by program section: "layer", or "layer.<kind>" with several kinds
+    matrices = {(plan_section(section), name[2:]) for section, env in types.items()
                 for name, value in env.items() if name.startswith("w.") and len(value.shape) == 2}
     if program.spec.tie_word_embeddings:
         matrices.discard(("head", "lm_head"))  # it is the embedding

@@ -50,6 +50,9 @@ CASES = {
     "llama-untied": Case("llama-untied", "LlamaForCausalLM", dict(BLOCKS, tie_word_embeddings=False)),
     "qwen2-tied": Case("qwen2-tied", "Qwen2ForCausalLM", dict(BLOCKS, tie_word_embeddings=True)),
 }
+# Layers of two kinds (sliding and full): their matrices are the same weights of each layer
+KINDS = Case("gemma2-kinds", "Gemma2ForCausalLM", dict(BLOCKS, sliding_window=6, query_pre_attn_scalar=16,
+                                                       layer_types=["sliding_attention", "full_attention"]))
 PROMPT = [1, 17, 250, 3, 99, 42, 7, 300, 12, 5, 77, 31]
 
 
@@ -59,7 +62,7 @@ def checkpoint(tmp_path_factory):
 
     def get(case: str):
         if case not in built:
-            built[case] = build_checkpoint(CASES[case], tmp_path_factory.mktemp(case))
+            built[case] = build_checkpoint({**CASES, KINDS.id: KINDS}[case], tmp_path_factory.mktemp(case))
         return built[case]
 
     return get
@@ -128,16 +131,20 @@ def test_q8_0_stays_near_the_unquantised_model(case, checkpoint):
     assert (ours.argmax(-1) == theirs.argmax(-1)).mean() >= 0.75
 
 
+@pytest.mark.parametrize("case", ["llama-untied", KINDS.id])
 @pytest.mark.parametrize("backend", sorted(PROGRAMS))
-def test_a_q8_0_gguf_file_runs_in_its_own_blocks(backend, checkpoint, tmp_path):
-    """Its llama q and k rows are stored permuted for llama.cpp's rotary: the blocks are put back too."""
-    hf = open_model(str(checkpoint("llama-untied")))
+def test_a_q8_0_gguf_file_runs_in_its_own_blocks(backend, case, checkpoint, tmp_path):
+    """Its llama q and k rows are stored permuted for llama.cpp's rotary: the blocks are put back too.
+    Every layer matrix stays in blocks, in layers of one kind or of several."""
+    hf = open_model(str(checkpoint(case)))
     model = open_model(str(export_gguf(hf, tmp_path / "m.gguf", "q8_0")))
     blocks = create_runner(backend, model.weights, CacheShape(1, 64), quantize="gguf")
     floats = create_runner(backend, model.weights, CacheShape(1, 64), quantize="none")
     assert blocks.describe()["blocks"] == "q8_0" and "blocks" not in floats.describe()
     ours, floats = (r.prefill(0, PROMPT, all_logits=True) for r in (blocks, floats))
     program = PROGRAMS[backend](model.weights, "gguf")
+    layer_matrices = {name for section, name, _ in program.quantized if section == "layer"}
+    assert {"o", "down"} <= layer_matrices and {"qkv", "q"} & layer_matrices
     assert_close(ours, reference_step(model.weights, program, PROMPT), program.int8_activations)
     budget = 0.15 if program.int8_activations else 1e-4  # the module's docstring
     assert np.abs(ours - floats).max() <= budget * np.abs(floats).max()
