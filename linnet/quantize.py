@@ -15,7 +15,6 @@ ONNX Runtime's n-bit operators take.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -113,33 +112,6 @@ def to_storage(blocks: np.ndarray) -> np.ndarray:
 
 def from_storage(array: np.ndarray) -> np.ndarray:
     return array.view(np.uint8)
-
-
-def block_forms(program: Any, weights: Any, quantize: str, runs: tuple[str, ...] = MADE) -> dict[tuple[str, str], str]:
-    """(section, matrix) -> block form of the matrices ``quantize`` puts in blocks: "none", none; a form
-    (``MADE``), every matrix; "gguf", each matrix that ``weights`` (a GGUF file's) stores in a form the
-    backend ``runs``. ``program`` is a ``linnet.program.Program``; the result goes to
-    ``linnet.program.quantize_weights``."""
-    from linnet.program import infer_types, plan_section
-
-    if quantize == "none":
-        return {}
-    types = infer_types(program)  # by program section: "layer", or "layer.<kind>" with several kinds
-    matrices = {(plan_section(section), name[2:]) for section, env in types.items()
-                for name, value in env.items() if name.startswith("w.") and len(value.shape) == 2}
-    if program.spec.tie_word_embeddings:
-        matrices.discard(("head", "lm_head"))  # it is the embedding
-    if quantize != "gguf":
-        return dict.fromkeys(sorted(matrices), check_form(quantize))
-    stored = getattr(weights, "blocks", {})  # name -> (form, bytes)
-    parts = dict(program.fused)
-    forms = {}
-    for section, name in sorted(matrices):
-        prefixes = [f"layers.{i}." for i in range(program.spec.num_layers)] if section == "layer" else [""]
-        found = {stored.get(prefix + part, ("",))[0] for prefix in prefixes for part in parts.get(name, (name,))}
-        if len(found) == 1 and found <= set(runs):
-            forms[section, name] = found.pop()
-    return forms
 
 
 def block_names(quantized: tuple[tuple[str, str, str], ...], num_layers: int) -> dict[str, str]:

@@ -125,6 +125,23 @@ def token_reads(spec: ModelSpec, protocol: Protocol, weights: dict[str, int], kv
     return TokenReads(sum(weights.values()), types, kv_cache_bytes(spec, position, kv_type), kv_type, position)
 
 
+# What llama.cpp reads: the file it runs (``linnet.bench.peers_llamacpp``), with its KV cache type.
+def gguf_for(job: Job) -> Path:
+    """The file llama.cpp runs: the model itself, or its export in the run's dtype."""
+    source = Path(job.model)
+    return source if source.suffix == ".gguf" else Path(job.out_dir) / f"llama.cpp-{job.dtype}.gguf"
+
+
+def kv_type(weights: dict[str, int]) -> str:
+    """f32 beside f32 weights (as Linnet's CPU cache: an f32 row is f32 throughout), else llama.cpp's f16."""
+    return "f32" if max(weights, key=weights.__getitem__) == "f32" else "f16"
+
+
+def llama_cpp_reads(job: Job, spec: ModelSpec) -> TokenReads:
+    weights = weights_of_gguf(gguf_for(job), spec)
+    return token_reads(spec, job.protocol, weights, kv_type(weights))
+
+
 BLOCKS_NOTE = "matrices in llama.cpp's blocks"  # a Linnet worker's note when it runs a GGUF file's blocks
 
 
@@ -133,8 +150,6 @@ def subject_reads(subject: str, job: Job, spec: ModelSpec, accelerated: bool, bl
     arithmetic) in f32 on a CPU whatever the weights' dtype, and with ``blocks`` reads a GGUF file's
     matrices as stored, as llama.cpp does; the other backends are counted alike."""
     if subject == "llama.cpp":
-        from linnet.bench.peers_llamacpp import llama_cpp_reads
-
         return llama_cpp_reads(job, spec)
     kv = job.dtype if accelerated or subject in PEERS else "f32"
     in_file = blocks and str(job.model).endswith(".gguf")

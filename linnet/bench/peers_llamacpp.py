@@ -16,30 +16,13 @@ from pathlib import Path
 import numpy as np
 
 from linnet.bench import machine
-from linnet.bench.bandwidth import TokenReads, token_reads, weights_of_gguf
+from linnet.bench.bandwidth import gguf_for, llama_cpp_reads
 from linnet.bench.protocol import Job, Subject, TimedGeneration
 from linnet.errors import BackendUnavailable
 from linnet.model import open_spec
-from linnet.spec import ModelSpec
 
 FLASH_ATTENTION = False  # llama-cpp-python's default; every row states it
 GGML_TYPES = {"f32": 0, "f16": 1}  # ggml_type ids, for the KV cache
-
-
-def gguf_for(job: Job) -> Path:
-    """The file llama.cpp runs: the model itself, or its export in the run's dtype."""
-    source = Path(job.model)
-    return source if source.suffix == ".gguf" else Path(job.out_dir) / f"llama.cpp-{job.dtype}.gguf"
-
-
-def kv_type(weights: dict[str, int]) -> str:
-    """f32 beside f32 weights (as Linnet's CPU cache: an f32 row is f32 throughout), else llama.cpp's f16."""
-    return "f32" if max(weights, key=weights.__getitem__) == "f32" else "f16"
-
-
-def llama_cpp_reads(job: Job, spec: ModelSpec) -> TokenReads:
-    weights = weights_of_gguf(gguf_for(job), spec)
-    return token_reads(spec, job.protocol, weights, kv_type(weights))
 
 
 class LlamaCppSubject(Subject):

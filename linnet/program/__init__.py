@@ -15,7 +15,7 @@ cache rows, ``P`` cache positions. Inputs:
     positions  [R, T]   i64  each token's position in its cache row, < P
     rows       [R]      i64  the cache row each entry reads and writes; distinct
     select     [R, S]   i64  indices into T: the tokens whose logits the step returns
-    cache_k, cache_v    [LAYERS, ROWS, KV_HEADS, P, HEAD_DIM]  the run dtype
+    cache_k, cache_v    per layer [ROWS, KV_HEADS, P, HEAD_DIM] (a ring's: N + 1 slots, below), the run dtype
     rope_cos, rope_sin  [P, ROTARY_DIM * TABLES]  f32, from ``linnet.rope.rope_tables`` (scaling
                included); ROTARY_DIM is the head's width, or less for partial rotary. TABLES rotary tables
                side by side: table j is columns [j * ROTARY_DIM, (j + 1) * ROTARY_DIM). One table for most
@@ -65,17 +65,20 @@ the first's leading axes (a weight vector, a [..., 1] per-token value).
                                         x[..., :D/2]); D is x's width, each table's (the inputs' width is a
                                         multiple of D); j is ``table``, 0 when the attr is absent (partial
                                         rotary splits x, rotates the first part and concatenates)
-  cache_write(cache, rows, positions, v)  the cache with cache[rows[r], :, positions[r, t]] = v[r, t];
-                                        when two entries write one place, which one lands is unspecified
-  attention(q, cache_k, cache_v, rows, positions; scale[, softcap][, window])
+  cache_write(cache, rows, positions, v[; ring, scratch])
+                                        the cache with cache[rows[r], :, positions[r, t]] = v[r, t] (a
+                                        ring's: at the position's slot, below); when two entries write
+                                        one place, which one lands is unspecified
+  attention(q, cache_k, cache_v, rows, positions; scale[, softcap][, window[, ring]])
                                         for entry r, token t, head h: softmax over the visible p of
                                         s = q[r,t,h] . cache_k[rows[r], h // G, p] * scale, in f32 (with a
                                         softcap c, s = c * tanh(s / c) first), weighting
                                         cache_v[rows[r], h // G, p]; G = HEADS / KV_HEADS; heads merged:
                                         [R, T, HEADS * HEAD_DIM] act. Visible: p <= positions[r, t], and
                                         with a window W also p > positions[r, t] - W (W tokens, the
-                                        query's own included). It reads the cache the step just wrote, so
-                                        a token sees itself and the tokens before it.
+                                        query's own included; with ``ring``, the ring's slots, below).
+                                        It reads the cache the step just wrote, so a token sees itself
+                                        and the tokens before it.
   swiglu(gate, up)                      silu(gate) * up
   activation(x; fn)                     silu(x) = x * sigmoid(x), gelu(x) = x * Phi(x) (erf), gelu_tanh(x)
                                         = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), in act
@@ -94,6 +97,15 @@ the first's leading axes (a weight vector, a [..., 1] per-token value).
 Cache positions a row has not written hold garbage; the mask (p <= the query's position) never reads
 them. Runners keep one scratch position past the last real one, where idle rows and padding write.
 
+Ring caches (``linnet.program.rings``, a pass runners apply): a layer kind whose attention has a window W
+may keep a ring of N slots rather than every position. Its cache_k/cache_v are [ROWS, KV_HEADS, N + 1,
+HEAD_DIM]; its cache_write carries ``ring=N, scratch=S`` and its attention ``ring=N``. Position p is
+written at slot p mod N, the scratch position S at slot N, which no query sees. For a query at position
+q, slot s < N holds the key age = (q - s) mod N positions back: visible where age < W and age <= q (the
+window, and no position before 0). That is the full cache's step while a step writes at most N - W + 1
+tokens of a row (no write then evicts a key its own queries read) and a row's positions are written in
+order (a prefill that goes back goes back at most N - W + 1 positions, once the row held more than N).
+
 Passes (``linnet.program.passes``) are opt-in and keep the step's meaning: fusions, folds, block
 quantisation, and ``lower``, which replaces the composites an emitter has no native form for by their
 decompositions.
@@ -101,6 +113,7 @@ decompositions.
 from linnet.program.builder import SectionBuilder, build_program
 from linnet.program.ir import SIZES, Op, Program, Section, Shape, Value, layer_section_name, plan_section
 from linnet.program.passes import (
+    block_forms,
     fold_norm_weights,
     fuse_norm_linears,
     fuse_projections,
@@ -110,6 +123,6 @@ from linnet.program.passes import (
 )
 from linnet.program.printer import format_program
 
-__all__ = ["SIZES", "Op", "Program", "Section", "SectionBuilder", "Shape", "Value", "build_program",
+__all__ = ["SIZES", "Op", "Program", "Section", "SectionBuilder", "Shape", "Value", "block_forms", "build_program",
            "fold_norm_weights", "format_program", "fuse_norm_linears", "fuse_projections", "infer_types",
            "layer_section_name", "lower", "plan_section", "quantize_weights"]

@@ -10,10 +10,12 @@ decompositions). Fusions, folds and quantised forms are recorded in ``Program.fu
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from linnet.errors import LinnetError
 from linnet.program.ir import Op, Program, Section, Value, layer_section_name, plan_section
 from linnet.program.ops import OPS, infer_op
+from linnet.quantize import ELEMENTS, FORMS, MADE, check_form
 
 
 def infer_types(program: Program) -> dict[str, dict[str, Value]]:
@@ -25,11 +27,12 @@ def infer_types(program: Program) -> dict[str, dict[str, Value]]:
     """
     spec, act = program.spec, program.dtype
     x = Value(("R", "T", spec.hidden_size), act)
-    cache = program.inputs()["cache_k"]
+    caches = {layer_section_name(program, kind): program.cache_input(kind) for kind in program.kinds}
     forms = {(section, weight): form for section, weight, form in program.quantized}
     out = {}
     for name, section in program.sections().items():
-        params = {"embed": {}, "head": {"x": x}}.get(name, {"x": x, "cache_k": cache, "cache_v": cache})
+        layer = {"x": x, "cache_k": caches[name], "cache_v": caches[name]} if name in caches else {}
+        params = {"embed": {}, "head": {"x": x}}.get(name, layer)
         env: dict[str, Value] = {**program.inputs(), **params}
         shapes = _weight_shapes(program, name)
         for op in section.ops:
@@ -180,8 +183,6 @@ def fold_norm_weights(program: Program) -> Program:
 def quantize_weights(program: Program, forms: dict[tuple[str, str], str], int8_activations: bool = False) -> Program:
     """Store the matrices ``forms`` names, (section, weight) -> form, block-quantised in that form; with
     ``int8_activations``, their products round x to int8 per block first (the package docstring)."""
-    from linnet.quantize import ELEMENTS, FORMS, check_form
-
     for (section, weight), form in forms.items():
         check_form(form, f"{section} weight {weight!r}", tuple(FORMS))
         shapes = [_weight_shapes(program, layer_section_name(program, k)) for k in program.kinds] \
@@ -193,6 +194,31 @@ def quantize_weights(program: Program, forms: dict[tuple[str, str], str], int8_a
                               f"{ELEMENTS[form]}-blocks")
     quantized = tuple((section, weight, form) for (section, weight), form in forms.items())
     return checked(replace(program, quantized=program.quantized + quantized, int8_activations=int8_activations))
+
+
+def block_forms(program: Program, weights: Any, quantize: str,
+                runs: tuple[str, ...] = MADE) -> dict[tuple[str, str], str]:
+    """(section, matrix) -> block form of the matrices ``quantize`` puts in blocks: "none", none; a form
+    (``linnet.quantize.MADE``), every matrix; "gguf", each matrix that ``weights`` (a GGUF file's) stores
+    in a form the backend ``runs``. The result goes to ``quantize_weights``."""
+    if quantize == "none":
+        return {}
+    types = infer_types(program)  # by program section: "layer", or "layer.<kind>" with several kinds
+    matrices = {(plan_section(section), name[2:]) for section, env in types.items()
+                for name, value in env.items() if name.startswith("w.") and len(value.shape) == 2}
+    if program.spec.tie_word_embeddings:
+        matrices.discard(("head", "lm_head"))  # it is the embedding
+    if quantize != "gguf":
+        return dict.fromkeys(sorted(matrices), check_form(quantize))
+    stored = getattr(weights, "blocks", {})  # name -> (form, bytes)
+    parts = dict(program.fused)
+    forms = {}
+    for section, name in sorted(matrices):
+        prefixes = [f"layers.{i}." for i in range(program.spec.num_layers)] if section == "layer" else [""]
+        found = {stored.get(prefix + part, ("",))[0] for prefix in prefixes for part in parts.get(name, (name,))}
+        if len(found) == 1 and found <= set(runs):
+            forms[section, name] = found.pop()
+    return forms
 
 
 def lower(program: Program, native: set[str] | frozenset[str]) -> Program:

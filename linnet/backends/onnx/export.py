@@ -17,8 +17,8 @@ from numpy.typing import DTypeLike
 
 from linnet.backends.onnx.blocks import onnx_parts
 from linnet.backends.onnx.graph import GraphOptions, build_graph
-from linnet.program import Program, build_program, fuse_projections, quantize_weights
-from linnet.quantize import FORMS, block_forms, block_names
+from linnet.program import Program, block_forms, build_program, fuse_projections, quantize_weights
+from linnet.quantize import FORMS, block_names
 from linnet.spec import ModelSpec
 from linnet.weight_plan import WeightPlan, plan_weights
 
@@ -29,7 +29,7 @@ GRAPHS = {"plain": "model.onnx", "ort": "model.ort.onnx"}
 
 def onnx_program(spec: ModelSpec, dtype: str, weights: Any = None, quantize: str = "none") -> Program:
     """The Program with q/k/v and gate/up fused: fewer, larger products (norms stay ops of their own);
-    ``quantize`` puts matrices in llama.cpp's blocks (``linnet.quantize.block_forms``), multiplied with
+    ``quantize`` puts matrices in llama.cpp's blocks (``linnet.program.block_forms``), multiplied with
     int8 activations as llama.cpp does: ONNX Runtime's products of float activations and blocks are
     4x slower than its float32 products, those of int8 activations 2.6x faster (docs/ONNX.md)."""
     program = fuse_projections(build_program(spec, dtype))

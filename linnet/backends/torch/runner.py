@@ -23,13 +23,14 @@ from linnet.backends.torch.setup import unavailable
 from linnet.errors import BackendUnavailable, LinnetError
 from linnet.program import (
     Program,
+    block_forms,
     build_program,
     fold_norm_weights,
     fuse_norm_linears,
     fuse_projections,
     quantize_weights,
 )
-from linnet.quantize import block_forms, block_names, check_form
+from linnet.quantize import block_names, check_form
 from linnet.rope import rope_tables
 from linnet.sampling import Sampling
 from linnet.spec import ModelSpec

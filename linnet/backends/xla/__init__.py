@@ -6,7 +6,7 @@ PACKAGE = BackendPackage(
     modes=(("jax", "Linnet, XLA (generated JAX)"), ("stablehlo", "Linnet, XLA (StableHLO)")),
     dtypes=("f32", "f16", "bf16"),
     group="JAX",
-    runner="linnet.backends.xla.runner:create",
+    runner="linnet.backends.xla.modes:create",
     check="linnet.backends.xla.setup:unavailable",
     compile_targets=(("jax", "linnet.backends.xla.artifact:write_jax"),
                      ("stablehlo", "linnet.backends.xla.artifact:write_stablehlo")),

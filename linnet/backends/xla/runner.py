@@ -28,21 +28,6 @@ from linnet.rope import rope_tables
 from linnet.sampling import Sampling
 from linnet.weights import Weights
 
-MODES = ("jax", "stablehlo")
-
-
-def create(weights: Weights, cache: CacheShape = CacheShape(), dtype: str = "f32", mode: str = "jax",
-           devices: int = 1) -> Runner:
-    if mode == "jax":
-        return JaxRunner(weights, cache, dtype, devices)
-    if mode == "stablehlo":
-        from linnet.backends.xla.stablehlo_runner import StableHloRunner
-
-        if devices != 1:
-            raise LinnetError("xla:stablehlo runs on one device; --devices N is for xla:jax")
-        return StableHloRunner(weights, cache, dtype)
-    raise LinnetError(f"unknown xla mode {mode!r}; choose from {', '.join(MODES)}")
-
 
 def load_generated_module(source: str) -> ModuleType:
     return generated.load_generated_module(source, "jax")
