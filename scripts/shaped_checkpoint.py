@@ -11,6 +11,7 @@ across subjects. Needs transformers (the bench extra).
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -37,8 +38,7 @@ SHAPES = {
         max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
         sliding_window=512, query_pre_attn_scalar=256, hidden_activation="gelu_pytorch_tanh",
         tie_word_embeddings=True, bos_token_id=2, eos_token_id=[1, 106], pad_token_id=0),
-    # Phi-3.5-mini's shapes; its LongRoPE scaling is left out (Linnet refuses it by name so far), which
-    # changes no shape
+    # Phi-3.5-mini's shapes; its LongRoPE scaling (two lists of 48 factors) is left out: it changes no shape
     "phi-3.5-mini-instruct": dict(
         architectures=["Phi3ForCausalLM"], model_type="phi3", hidden_size=3072, intermediate_size=8192,
         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, vocab_size=32064,
@@ -100,7 +100,24 @@ def write_shaped(name: str, out: Path, dtype: str = "f32", tokenizer: bool = Tru
         exported = export_hf(open_model(DEFAULT_MODEL), Path(tmp) / "hf", "f32")
         for file in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(exported / file, out / file)
+    fit_tokenizer(out / "tokenizer.json", config.vocab_size)
     return out
+
+
+def fit_tokenizer(path: Path, vocab_size: int) -> None:
+    """Drop the BPE tokenizer's ids at or past ``vocab_size`` (Phi-3.5's 32064 rows are fewer than SmolLM2's
+    49152 ids), and the merges that make or use them, so that every id it gives has an embedding row."""
+    tokenizer = json.loads(path.read_text())
+    vocab = tokenizer["model"]["vocab"]
+    if len(vocab) <= vocab_size:
+        return
+    kept = {token: i for token, i in vocab.items() if i < vocab_size}
+    merges = [m for m in tokenizer["model"]["merges"]
+              if all(part in kept for part in (m.split(" ") if isinstance(m, str) else m))
+              and "".join(m.split(" ") if isinstance(m, str) else m) in kept]
+    tokenizer["model"].update(vocab=kept, merges=merges)
+    tokenizer["added_tokens"] = [t for t in tokenizer.get("added_tokens", []) if t["id"] < vocab_size]
+    path.write_text(json.dumps(tokenizer, ensure_ascii=False))
 
 
 def main() -> int:
