@@ -6,6 +6,7 @@ from pathlib import Path
 
 from linnet.commands._checks import add_force_argument
 from linnet.site.render import bundled_results, render_site
+from linnet.site.runs import ARCHIVE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,8 +28,13 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def results_files(given: list[Path], published: bool) -> list[Path]:
-    """The files named, those in the directories named, and the published ones (always without any given)."""
-    files = [f for p in given for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+    """The files named, those in the directories named and their archive/ folders (superseded runs, which
+    only the history pages show), and the published ones (always without any given)."""
+    files = [f for p in given for f in (_in(p) if p.is_dir() else [p])]
     if published or not given:
         files += bundled_results()
     return list({f.resolve(): f for f in files}.values())  # one file named twice is one run
+
+
+def _in(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.json")) + sorted((directory / ARCHIVE).glob("*.json"))

@@ -18,7 +18,7 @@ SAME_SPEED = 0.05
 @dataclass(frozen=True)
 class Side:
     group: str | None  # None: any group
-    ids: str = "*"  # fnmatch pattern over row ids
+    ids: str = "*"  # fnmatch pattern over row ids, less their weight form ("llama.cpp" for llama.cpp@f32)
     linnet: bool = False  # only Linnet's own rows, whatever their ids: a new backend joins by itself
 
 
@@ -31,15 +31,23 @@ class Spec:
     export: bool = False  # shown as a change in percent, as the table shows exports
 
 
-LLM, SERVING = "LLM engines", "Serving many requests"
+LLM, ONNX, SERVING = "LLM engines", "ONNX Runtime and TensorRT", "Serving many requests"
+# The seed pages' cards, then those of the peers a CPU run has instead (llama.cpp, onnxruntime-genai, the
+# HTTP servers); a run has only the cards whose both sides it measured.
 SPECS = (
     Spec("vs vLLM, one request", "decode_tok_s", Side(None, linnet=True), Side(LLM, "vllm")),
+    Spec("vs llama.cpp, one request", "decode_tok_s", Side(None, linnet=True), Side(LLM, "llama.cpp")),
     Spec("vs the reference, in PyTorch", "decode_tok_s",
          Side("PyTorch", linnet=True), Side("PyTorch", "transformers*")),
     Spec("vs KerasHub, in JAX", "decode_tok_s", Side("JAX", linnet=True), Side("JAX", "keras-hub*")),
+    Spec("vs onnxruntime-genai, in ONNX Runtime", "decode_tok_s",
+         Side(ONNX, linnet=True), Side(ONNX, "onnxruntime-genai")),
     Spec("exported to vLLM, SGLang, TGI", "decode_tok_s",
          Side(LLM, "vllm:linnet-export"), Side(LLM, "vllm"), export=True),
     Spec("vs vLLM, serving", "serve_tok_s", Side(SERVING, "serve:*"), Side(SERVING, "vllm:batched")),
+    Spec("vs vLLM serve, over HTTP", "serve_tok_s", Side(SERVING, "serve:*"), Side(SERVING, "vllm:serve")),
+    Spec("vs transformers serve, over HTTP", "serve_tok_s",
+         Side(SERVING, "serve:*"), Side(SERVING, "transformers:serve")),
     Spec("exported, serving", "serve_tok_s",
          Side(SERVING, "vllm:batched:linnet-export"), Side(SERVING, "vllm:batched"), export=True),
     Spec("vs vLLM, behind Triton", "serve_tok_s", Side(SERVING, "triton:linnet*"), Side(SERVING, "triton:vllm")),
@@ -66,7 +74,7 @@ class Card:
 
 def _fastest(results: Results, side: Side, metric: str) -> Row | None:
     rows = [r for r in results.rows if r.value(metric) is not None and side.group in (None, r.group)
-            and fnmatchcase(r.id, side.ids) and (r.linnet or not side.linnet)]
+            and fnmatchcase(r.id.partition("@")[0], side.ids) and (r.linnet or not side.linnet)]
     if not rows:
         return None
     return (min if METRICS[metric] else max)(rows, key=lambda r: r.measured(metric))

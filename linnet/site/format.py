@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from decimal import ROUND_HALF_UP, Decimal
 
+from linnet.registry.schema import Protocol
 from linnet.results import Results, Row
 
 MINUS = "\u2212"  # a real minus sign, as typeset, not a hyphen
@@ -82,3 +83,24 @@ def parameters(n: int) -> str:
 def tick(value: float) -> str:
     """Axis ticks: plain, no separators, no trailing zeros ("7500", "2.5")."""
     return f"{_round(value, 6).normalize():f}"
+
+
+def count(n: int, noun: str) -> str:
+    """"1 run", "44 runs"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def when(timestamp: str) -> str:
+    """When a run was measured, to the minute, as its heading shows it: "2026-12-03 15:25"."""
+    return timestamp[:16].replace("T", " ")
+
+
+def protocol(p: Protocol) -> str:
+    """A protocol in one line: what one request and, where there is one, the serving load were."""
+    line = (f"{p.prompt_tokens} prompt tokens, {p.new_tokens} new · batch {p.batch} · "
+            f"median of {p.runs} runs after {p.warmups} warm-ups")
+    s = p.serving
+    if s is None:
+        return line
+    return (f"{line} · serving {s.requests} requests of {s.prompt_tokens_min}-{s.prompt_tokens_max} prompt tokens "
+            f"and {s.new_tokens} new, at most {s.max_in_flight} in flight")

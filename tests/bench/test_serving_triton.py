@@ -39,7 +39,7 @@ def test_triton_rows_sit_beside_linnet_serve_and_render(checkpoint_dir, tmp_path
     assert hosted.against.row == "serve:torch:eager" and hosted.against.ratio == pytest.approx(ratio, abs=1e-3)
     render_site([tmp_path / "serving.json"], tmp_path / "site")
     page = (tmp_path / "site" / "smollm2-135m-instruct.html").read_text()
-    assert "Triton hosting linnet.serve" in page
+    assert "Triton, linnet.serve backend, generated PyTorch" in page  # the page's name for the subject
 
 
 def test_without_the_stub_environment_the_triton_row_is_not_run(checkpoint_dir, tmp_path, monkeypatch):

@@ -85,7 +85,7 @@ def complete_hf(out: Path) -> bool:
 
 
 def complete_site(out: Path) -> bool:
-    return (out / "index.html").is_file() and len(list(out.glob("*.html"))) == len(registry.entries()) + 1
+    return all((out / f"{name}.html").is_file() for name in ["index", *(e.id for e in registry.entries())])
 
 
 # (argv before -o, the output's name, the check that it is whole)

@@ -44,3 +44,21 @@ def test_a_new_linnet_backend_joins_the_cards_by_itself():
     peer = dataclasses.replace(new, id="sglang", linnet=False)
     sides = {title: ours for title, ours, _, _ in _sides(dataclasses.replace(results, rows=[*results.rows, peer]))}
     assert sides["vs vLLM, one request"] == "jax:generated"
+
+
+def test_a_cpu_run_has_the_cards_of_the_peers_it_ran():
+    """A CPU run has llama.cpp, onnxruntime-genai and the HTTP servers where a GPU run has vLLM."""
+    from pathlib import Path
+
+    from linnet.site.subjects import canonical
+
+    path = Path(__file__).parents[2] / "docs/results/qwen2.5-0.5b-instruct.shapes.epyc-2c.2026-12-01.cpu-small.json"
+    sides = {title: (ours, theirs) for title, ours, theirs, _ in _sides(canonical(load_results(path)))}
+    assert sides == {
+        "vs llama.cpp, one request": ("torch:inductor@f16", "llama.cpp@f32"),
+        "vs the reference, in PyTorch": ("torch:inductor@f16", "transformers:compiled@f32"),
+        "vs KerasHub, in JAX": ("xla:stablehlo@f32", "keras-hub@f32"),
+        "vs onnxruntime-genai, in ONNX Runtime": ("onnx:cpu@bf16", "onnxruntime-genai@f32"),
+        "vs vLLM serve, over HTTP": ("serve:onnx:cpu", "vllm:serve"),
+        "vs transformers serve, over HTTP": ("serve:onnx:cpu", "transformers:serve"),
+    }

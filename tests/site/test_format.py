@@ -50,3 +50,14 @@ def test_parameters_and_ticks():
     assert [fmt.parameters(n) for n in (4_022_468_096, 494_032_768, 134_515_008, 7_000)] == [
         "4B", "494M", "134.5M", "7K"]
     assert [fmt.tick(t) for t in (0.0, 2500.0, 30000.0, 2.5, 0.1 + 0.2)] == ["0", "2500", "30000", "2.5", "0.3"]
+
+
+def test_a_protocol_in_one_line():
+    from linnet.registry.schema import Protocol, Serving
+
+    one = Protocol(prompt_tokens=128, new_tokens=32, batch=1, runs=3, warmups=1)
+    assert fmt.protocol(one) == "128 prompt tokens, 32 new · batch 1 · median of 3 runs after 1 warm-ups"
+    serving = Protocol(512, 64, 16, 2, 1, Serving(64, 128, 512, 64, 16))
+    assert fmt.protocol(serving).endswith(
+        "· serving 64 requests of 128-512 prompt tokens and 64 new, at most 16 in flight")
+    assert (fmt.count(1, "run"), fmt.count(44, "run")) == ("1 run", "44 runs")

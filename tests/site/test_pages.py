@@ -18,6 +18,7 @@ from linnet import registry
 from linnet.commands import site as site_command
 from linnet.errors import ResultsError
 from linnet.results import Machine, Row, load_results, save_results
+from linnet.site import format as fmt
 from linnet.site.render import bundled_results, render_site
 
 DATA = Path(__file__).parent / "data"
@@ -99,12 +100,24 @@ def test_index_lists_the_registry_with_headline_ratios(site: Path):
         assert entry.name in text and (site / f"{entry.id}.html").is_file()
         assert (site / "registry" / f"{entry.id}.toml").read_text() == (
             registry.MODELS_DIR / f"{entry.id}.toml").read_text()
-    smol = text[text.index("SmolLM2 135M Instruct"):]
-    assert "No results yet." in smol
-    qwen25 = text[text.index("Qwen2.5 0.5B Instruct"):text.index("Qwen3 4B")]
-    assert squash("1.49× vs vLLM, one request") in squash(qwen25)
-    assert squash("\u221227.9% exported to vLLM, SGLang, TGI") in squash(qwen25)
-    assert "No results yet" in Page((site / "smollm2-135m-instruct.html").read_text()).text
+        card = squash(text[text.index(entry.name):])
+        assert card.startswith(squash(entry.name)) and squash(f"{fmt.parameters(entry.parameters)} parameters") in card
+        assert all(squash(tag) in card for tag in entry.tags)
+    smol = squash(text[text.index("SmolLM2 135M Instruct"):])
+    assert smol.startswith(squash("SmolLM2 135M Instruct")) and "Notmeasuredyet" in smol[:600]
+    qwen25 = squash(text[text.index("Qwen2.5 0.5B Instruct"):text.index("Qwen3 4B")])
+    assert squash("Measured on NVIDIA H100 80GB HBM3 · published History · 1 run") in qwen25
+    assert squash("1.49× vs vLLM, one request") in qwen25
+    assert squash("\u221227.9% exported to vLLM, SGLang, TGI") in qwen25
+
+
+def test_a_model_not_measured_yet_has_its_registry_facts_and_the_command(site: Path):
+    entry = registry.find("smollm2-135m-instruct")
+    text = squash(Page((site / f"{entry.id}.html").read_text()).text)
+    assert squash("Not measured yet") in text and not (site / f"{entry.id}--history.html").exists()
+    assert squash(f"linnet bench {entry.id} --all -o results/") in text
+    assert squash(f"{entry.hf.repo}, revision {entry.hf.revision}") in text
+    assert squash(f"Parameters {entry.parameters:,}") in text
 
 
 def test_pages_need_no_server_and_no_scripts(site: Path):
@@ -133,22 +146,45 @@ def test_a_row_not_run_shows_its_reason(tmp_path: Path):
     assert all("SGLang" not in name for chart in page.charts for name, _ in chart.bars)
 
 
-def test_two_runs_side_by_side(tmp_path: Path):
+def _scaled(results, k: float) -> list[Row]:
+    return [dataclasses.replace(r, metrics={m: dataclasses.replace(v, value=v.value * k) for m, v in r.metrics.items()})
+            for r in results.rows]
+
+
+def test_each_machine_kind_has_its_page_and_no_change_crosses_kinds(tmp_path: Path):
     base = load_results(registry.RESULTS_DIR / "qwen2.5-0.5b-instruct.h100-2026-09-28.json")
-    faster = [dataclasses.replace(r, metrics={k: dataclasses.replace(m, value=m.value * 2)
-                                              for k, m in r.metrics.items()}) for r in base.rows]
-    after = _with_rows(tmp_path, "after.json", rows=faster, timestamp="2026-10-01T09:00:00+00:00",
-                       machine=dataclasses.replace(base.machine, accelerator="NVIDIA H200"))
-    before = registry.RESULTS_DIR / "qwen2.5-0.5b-instruct.h100-2026-09-28.json"
-    render_site([after, before], tmp_path / "out")
-    page = Page((tmp_path / "out" / "qwen2.5-0.5b-instruct.html").read_text())
-    text = squash(page.text)
-    assert squash("Side by side") in text
-    # Oldest first: the H100's decode speed, then the H200's, twice as fast.
-    assert squash("Linnet, CUDA graphs 908 tok/s 1,816 tok/s +100.0%") in text
-    assert squash("Linnet, CUDA graphs 1.82 ms 3.64 ms +100.0%") in text
-    assert len(page.charts) == 12  # both runs in full, the newest first
-    assert squash("NVIDIA H200 · 512 prompt tokens") in text.split(squash("NVIDIA H100 80GB HBM3 · 512"))[0]
+    h200 = _with_rows(tmp_path, "h200.json", rows=_scaled(base, 2), timestamp="2026-10-01T09:00:00+00:00",
+                      machine=dataclasses.replace(base.machine, accelerator="NVIDIA H200"))
+    render_site([h200, *bundled_results()], tmp_path / "out")
+    out = tmp_path / "out"
+    # Linnet's own run leads; the published one is a kind of its own, on a page of its own.
+    own = Page((out / "qwen2.5-0.5b-instruct.html").read_text())
+    published = Page((out / "qwen2.5-0.5b-instruct--nvidia-h100-80gb-hbm3-published.html").read_text())
+    assert squash("NVIDIA H200 · 512 prompt tokens") in squash(own.text)
+    assert "1,816tok/s" in squash(own.text) and "908tok/s" not in squash(own.text)
+    assert squash("NVIDIA H100 80GB HBM3 · 512 prompt tokens") in squash(published.text)
+    assert len(own.charts) == len(published.charts) == 6
+    for page in (own, published):
+        assert squash("NVIDIA H200 NVIDIA H100 80GB HBM3 · published History · 2 runs") in squash(page.text)
+    history = squash(Page((out / "qwen2.5-0.5b-instruct--history.html").read_text()).text)
+    assert "%" not in history.split(squash("Every results file"))[1]  # one run per kind: nothing to change from
+
+
+def test_the_history_shows_changes_within_a_kind_and_protocol(tmp_path: Path):
+    base = load_results(registry.RESULTS_DIR / "qwen2.5-0.5b-instruct.h100-2026-09-28.json")
+    before = _with_rows(tmp_path, "before.json")
+    after = _with_rows(tmp_path, "after.json", rows=_scaled(base, 2), timestamp="2026-10-01T09:00:00+00:00")
+    other = _with_rows(tmp_path, "other.json", timestamp="2026-10-02T09:00:00+00:00",
+                       protocol=dataclasses.replace(base.protocol, runs=3))
+    render_site([after, before, other], tmp_path / "out", force=True)
+    out = tmp_path / "out"
+    history = squash(Page((out / "qwen2.5-0.5b-instruct--history.html").read_text()).text)
+    assert squash("Linnet, CUDA graphs 908 tok/s 1,816 tok/s +100.0%") in history
+    # The later run under another protocol is the one shown, and its own group in the history.
+    shown = squash(Page((out / "qwen2.5-0.5b-instruct.html").read_text()).text)
+    assert squash("median of 3 runs after 3 warm-ups") in shown
+    assert history.index(squash("median of 3 runs")) < history.index(squash("median of 10 runs"))
+    assert squash("superseded (move it to archive/)") in history  # before.json: after.json measured all of it again
 
 
 def test_results_for_a_model_not_in_the_registry(tmp_path: Path):
@@ -160,10 +196,19 @@ def test_results_for_a_model_not_in_the_registry(tmp_path: Path):
 def test_site_command_renders_the_bundled_results(tmp_path: Path, capsys):
     args = type("Args", (), {"results": [], "output": tmp_path / "out", "force": False, "without_published": False})()
     assert site_command.handle(args) == 0
+    published = {"qwen2.5-0.5b-instruct", "qwen3-4b"}
     assert {p.name for p in (tmp_path / "out").glob("*.html")} == {
-        "index.html", *(f"{e.id}.html" for e in registry.entries())}
+        "index.html", *(f"{e.id}.html" for e in registry.entries()), *(f"{m}--history.html" for m in published)}
     assert len(list((tmp_path / "out" / "results").glob("*.json"))) == 2
-    assert f"wrote {len(registry.entries()) + 1} pages" in capsys.readouterr().out
+    assert f"wrote {len(registry.entries()) + 3} pages" in capsys.readouterr().out
+
+
+def test_site_command_reads_the_archive_beside_the_results(tmp_path: Path):
+    (tmp_path / "archive").mkdir()
+    current, old = tmp_path / "a.json", tmp_path / "archive" / "b.json"
+    for path in (current, old):
+        save_results(load_results(registry.RESULTS_DIR / "qwen3-4b.h100-2026-09-28.json"), path)
+    assert site_command.results_files([tmp_path], published=False) == [current, old]
 
 
 DOCS = Path(__file__).parents[2] / "docs"
@@ -203,3 +248,16 @@ def test_a_cpu_run(tmp_path: Path):
     assert "PeakGPUmemory" not in text and squash("Peak memory") in text
     assert squash("vs the reference, in PyTorch 4.81× faster") in text
     assert "vsvLLM" not in text  # no card for a peer that has no row
+
+
+def test_a_kind_without_a_complete_run_shows_its_latest_marked_partial(tmp_path: Path):
+    base = load_results(registry.RESULTS_DIR / "qwen2.5-0.5b-instruct.h100-2026-09-28.json")
+    serving = [dataclasses.replace(r, against=None) for r in base.rows if r.group == "Serving many requests"]
+    path = _with_rows(tmp_path, "m.epyc-avx2-2c.json", rows=serving,
+                      machine=Machine(accelerator=None, cpu="AMD EPYC, 2 cores", threads=2))
+    render_site([path], tmp_path / "out")
+    text = squash(Page((tmp_path / "out" / "qwen2.5-0.5b-instruct.html").read_text()).text)
+    assert squash("No complete run on this machine kind yet") in text
+    assert squash("this is its latest run, of 9 rows") in text
+    assert squash("Machine kind AMD EPYC (AVX2): the run recorded 'AMD EPYC, 2 cores'; its vector units are read "
+                  "from its file's name ('avx2')") in text
