@@ -35,5 +35,19 @@ def hf_name(spec: ModelSpec, canonical: str) -> str | None:
     return format_name(spec, canonical, 0)
 
 
+def hf_alternative(spec: ModelSpec, canonical: str) -> list[str]:
+    """The HF names of ``canonical`` in the architecture's other layout (``Architecture.hf_alternatives``):
+    one, or one per expert to stack; none where it has no other."""
+    from linnet.arch import get_architecture
+
+    i, _, part = canonical.removeprefix("layers.").partition(".") if canonical.startswith("layers.") \
+        else ("", "", canonical)
+    template = get_architecture(spec.architecture).hf_alternatives.get(part)
+    if template is None:
+        return []
+    experts = range(spec.moe.experts) if "{e}" in template and spec.moe is not None else [0]
+    return [template.format(i=i, e=e) for e in experts]
+
+
 def gguf_name(spec: ModelSpec, canonical: str) -> str | None:
     return format_name(spec, canonical, 1)

@@ -17,6 +17,7 @@ from linnet.errors import UnsupportedModel
 from linnet.files import naming, read_json
 
 MAX_LAYERS = 1024  # no published decoder has a quarter as many; bounds what a checkpoint makes Linnet allocate
+MAX_EXPERTS = 4096  # the most published is 384 (Kimi K2); bounds the per-expert tensor names Linnet looks for
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,57 @@ class RopeSpec:
                                            f"dims need {rotary_dim // 2}")
         if self.kind == "dynamic" and rotary_dim < 4:
             raise UnsupportedModel(f"dynamic rope scaling needs 4 or more rotary dims, not {rotary_dim}")
+
+
+GATINGS = ("softmax_topk", "topk_softmax")
+EXPERT_ACTIVATIONS = ("swiglu", "clamped_swiglu")
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """A mixture of experts in place of the dense MLP (the ``moe`` op of ``linnet.program``): a router picks
+    ``top_k`` of ``experts`` gated MLPs of width ``size`` per token and weighs their outputs."""
+
+    experts: int
+    top_k: int
+    size: int  # each expert's intermediate width
+    # "softmax_topk": softmax over every expert, then the top k (Mixtral, Qwen-MoE, OLMoE); "topk_softmax":
+    # the top k logits, then a softmax over those (gpt-oss, Granite-MoE)
+    gating: str = "softmax_topk"
+    normalize: bool = False  # softmax_topk: the top k's weights divided by their sum (Qwen's norm_topk_prob)
+    router_bias: bool = False
+    expert_bias: bool = False  # biases on each expert's gate, up and down (gpt-oss)
+    activation: str = "swiglu"  # or "clamped_swiglu" (gpt-oss), with its alpha and limit
+    alpha: float | None = None
+    limit: float | None = None
+    shared_size: int = 0  # a shared expert of this width beside the routed ones, sigmoid-gated (Qwen2-MoE)
+    dense_layers: tuple[int, ...] = ()  # layers with the dense MLP (intermediate_size) instead
+
+    def __post_init__(self) -> None:
+        for name in ("experts", "top_k", "size"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise UnsupportedModel(f"mixture of experts: {name} must be a positive integer, got {value!r}")
+        if self.experts > MAX_EXPERTS:
+            raise UnsupportedModel(f"{self.experts} experts is past Linnet's bound of {MAX_EXPERTS}")
+        if self.top_k > self.experts:
+            raise UnsupportedModel(f"mixture of experts: top_k {self.top_k} exceeds the {self.experts} experts")
+        if self.normalize and self.gating != "softmax_topk":
+            raise UnsupportedModel("mixture of experts: normalize applies to softmax_topk gating only")
+        if self.gating not in GATINGS:
+            raise UnsupportedModel(f"expert gating {self.gating!r} is not supported ({', '.join(GATINGS)})")
+        if self.activation not in EXPERT_ACTIVATIONS:
+            raise UnsupportedModel(f"expert activation {self.activation!r} is not supported "
+                                   f"({', '.join(EXPERT_ACTIVATIONS)})")
+        clamped = self.activation == "clamped_swiglu"
+        for name in ("alpha", "limit"):
+            value = getattr(self, name)
+            if clamped != (value is not None) or clamped and (type(value) not in (int, float) or
+                                                              not math.isfinite(value) or value <= 0):
+                raise UnsupportedModel(f"mixture of experts: {name} {value!r} must be a finite, positive number "
+                                       "for clamped_swiglu, and absent otherwise")
+        if type(self.shared_size) is not int or self.shared_size < 0:
+            raise UnsupportedModel(f"shared expert size must be a whole number, got {self.shared_size!r}")
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -98,6 +150,8 @@ class ModelSpec:
     parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x))
     # The sliding layers' own rotary embedding (Gemma 3's local base); None: every layer rotates by ``rope``
     local_rope: RopeSpec | None = None
+    moe: MoeSpec | None = None  # a mixture of experts in place of the MLP; None: dense
+    attention_sinks: bool = False  # a learned logit per head in attention's softmax (gpt-oss)
 
     def __post_init__(self) -> None:
         """What every reader's values must satisfy, whatever the file said: the last line of defence
@@ -153,6 +207,9 @@ class ModelSpec:
                 raise UnsupportedModel(f"sliding layers need a positive sliding_window, got {self.sliding_window!r}")
         if any(type(i) is not int or not 0 <= i < self.num_layers for i in self.nope_layers):
             raise UnsupportedModel(f"layers without rotary {list(self.nope_layers)} must be layer indices")
+        if self.moe is not None and any(type(i) is not int or not 0 <= i < self.num_layers
+                                        for i in self.moe.dense_layers):
+            raise UnsupportedModel(f"dense layers {list(self.moe.dense_layers)} must be layer indices")
 
     @property
     def rotary_dim(self) -> int:
@@ -191,10 +248,21 @@ class ModelSpec:
 
         return sum(math.prod(shape) for shape in build_program(self).expected_shapes().values())
 
+    def active_parameter_count(self) -> int:
+        """The parameters one token's step reads: every tensor, each layer's routed experts counted
+        top_k of experts (a prompt's tokens, together, may read more)."""
+        from linnet.program import build_program
+
+        share = 1.0 if self.moe is None else self.moe.top_k / self.moe.experts
+        return round(sum(math.prod(shape) * (share if name.rsplit(".", 1)[-1].startswith("expert_") else 1.0)
+                         for name, shape in build_program(self).expected_shapes().items()))
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for name in ("eos_token_ids", "layer_types", "nope_layers"):
             d[name] = list(d[name])
+        if d["moe"] is not None:
+            d["moe"]["dense_layers"] = list(d["moe"]["dense_layers"])
         return d
 
 

@@ -73,12 +73,15 @@ def _apply(weights: Weights, plan: WeightPlan) -> dict[str, np.ndarray]:
               and all(blocks.get(p, ("",))[0] == form for p in parts_of.get(name, [name]))}
     taken = {p for name in native for p in parts_of.get(name, [name])}
     arrays = {name: weights[name] for name in weights if name not in taken}  # the others, read as floats
+    # A layer whose kind lacks a weight (an MoE model's sparse layers have no dense gate and up) is left out.
     for prefix in layers:
         for name, parts in plan.fused:
-            if prefix + name not in native:
+            if prefix + name not in native and all(prefix + p in arrays for p in parts):
                 arrays[prefix + name] = np.concatenate([arrays.pop(prefix + p) for p in parts])
     for section, name, norm in plan.folded:
         for prefix in layers if section == "layer" else [""]:
+            if prefix + name not in arrays:
+                continue
             norm_weight = arrays.pop(prefix + norm).astype(np.float32)
             arrays[prefix + name] = arrays[prefix + name].astype(np.float32) * norm_weight
     target = DTYPES[plan.dtype].numpy

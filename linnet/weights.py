@@ -15,7 +15,7 @@ import numpy as np
 
 from linnet.errors import WeightError
 from linnet.files import map_safetensors, naming, read_json
-from linnet.names import expected_shapes, hf_name
+from linnet.names import expected_shapes, hf_alternative, hf_name
 from linnet.spec import ModelSpec
 from linnet.weight_cache import source_identity
 
@@ -86,8 +86,9 @@ def _shard_name(name: object) -> bool:
 
 def load_safetensors(model_dir: str | Path, spec: ModelSpec) -> Weights:
     """Map every tensor the spec needs from an HF directory; extra tensors are ignored. Tensors the
-    architecture packs together are cut into their canonical parts (views), and its load-time
-    transforms applied."""
+    architecture packs together are cut into their canonical parts (views), those it may hold in another
+    layout read from that where the first is absent (a tensor per expert stacked: a copy), and its
+    load-time transforms applied."""
     from linnet.arch import get_architecture
 
     start = time.perf_counter()
@@ -97,12 +98,17 @@ def load_safetensors(model_dir: str | Path, spec: ModelSpec) -> Weights:
     wanted = {name: c for c in needed if (name := hf_name(spec, c)) is not None}
     packed = {name: (pack, parts)  # HF name of a packed tensor -> (its Packed, the canonical names it holds)
               for template, pack in arch.hf_packed.items() for name, parts in pack.groups(spec, template, needed)}
-    mapped = {name: a for path in files for name, a in map_safetensors(path, {*wanted, *packed}).items()}
+    others = {c: group for c in needed if (group := hf_alternative(spec, c))}
+    reads = {*wanted, *packed, *(n for group in others.values() for n in group)}
+    mapped = {name: a for path in files for name, a in map_safetensors(path, reads).items()}
     arrays = {wanted[name]: a for name, a in mapped.items() if name in wanted}
     with naming(files[0] if len(files) == 1 else model_dir):
         for name, (pack, parts) in packed.items():
             if name in mapped:
                 arrays.update(zip(parts, _unpacked(spec, pack, mapped[name], name)))
+        for canonical, group in others.items():
+            if canonical not in arrays and all(n in mapped for n in group):
+                arrays[canonical] = mapped[group[0]] if len(group) == 1 else _stacked(mapped, group)
         for canonical in list(arrays):
             transform = arch.hf_transforms.get(canonical.rsplit(".", 1)[-1])
             if transform is not None:
@@ -116,3 +122,11 @@ def _unpacked(spec: ModelSpec, pack: Any, array: np.ndarray, name: str) -> tuple
     except ValueError:
         raise WeightError(f"weight {name!r} of shape {list(array.shape)} does not hold "
                           f"{', '.join(pack.parts)} in the model's shapes") from None
+
+
+def _stacked(mapped: dict[str, np.ndarray], names: list[str]) -> np.ndarray:
+    """One tensor per expert, stacked along a new first axis."""
+    shapes = {tuple(mapped[n].shape) for n in names}
+    if len(shapes) != 1:
+        raise WeightError(f"the experts' tensors {names[0]!r}... differ in shape: {sorted(shapes)}")
+    return np.stack([mapped[n] for n in names])

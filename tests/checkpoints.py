@@ -91,7 +91,39 @@ FAMILY_CASES = [
 ]
 CASES = CASES + FAMILY_CASES
 
-CASES_BY_ID = {case.id: case for case in CASES}
+# Mixtures of experts, apart from CASES: only some backends run them (the others refuse them by name), and
+# the formats' round trips over CASES do not take them yet. Each routes among more experts than it picks.
+MOE_CASES = [
+    # 5 experts, top 2 renormalised; GQA 2
+    Case("mixtral-top2of5", "MixtralForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                                        num_local_experts=5, num_experts_per_tok=2)),
+    # top 3 of 6 experts, not renormalised, beside a shared expert (sigmoid-gated); a dense layer between
+    # two sparse ones (mlp_only_layers); q/k/v biases
+    Case("qwen2moe-shared-dense", "Qwen2MoeForCausalLM", dict(
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, num_experts=6, num_experts_per_tok=3,
+        moe_intermediate_size=32, shared_expert_intermediate_size=40, mlp_only_layers=[1], norm_topk_prob=False)),
+    # dense and sparse layers in turn (decoder_sparse_step 2); top 2 of 6 renormalised; q/k norm per head
+    Case("qwen3moe-step2", "Qwen3MoeForCausalLM", dict(
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=6,
+        num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=2, norm_topk_prob=True)),
+    # q/k norms over the whole projections; top 3 of 5, not renormalised
+    Case("olmoe-top3of5", "OlmoeForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, num_experts=5,
+                                                    num_experts_per_tok=3, norm_topk_prob=False)),
+    # Granite's multipliers far from 1; a softmax over the top 2 logits of 5
+    Case("granitemoe-multipliers", "GraniteMoeForCausalLM", dict(
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=5, num_experts_per_tok=2,
+        embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=3.0)),
+    # attention sinks; sliding (5 tokens) then global; biases everywhere; YaRN (truncate false); biased
+    # experts whose clamped SwiGLU bites (limit 0.5); a softmax over the top 2 logits of 5
+    Case("gptoss-sinks-window5", "GptOssForCausalLM", dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=5, num_local_experts=5,
+        num_experts_per_tok=2, swiglu_limit=0.5, rope_parameters=dict(
+            rope_type="yarn", rope_theta=150000.0, factor=8.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+            original_max_position_embeddings=32))),
+]
+MOE_CASE_IDS = [case.id for case in MOE_CASES]
+
+CASES_BY_ID = {case.id: case for case in CASES + MOE_CASES}
 CASE_IDS = [case.id for case in CASES]
 
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from linnet.spec import ConfigReader, ModelSpec
 
 _MODULES = ("llama", "qwen2", "qwen3", "mistral", "granite", "olmo2", "smollm3", "gemma2", "gemma3", "phi3", "stablelm",
-            "gptneox")
+            "gptneox", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "gpt_oss")
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Packed:
     into ``parts`` (views where it can), ``pack`` joins them back."""
 
     parts: tuple[str, ...]
-    unpack: Callable[[ModelSpec, np.ndarray], tuple[np.ndarray, ...]]  # cuts rows (axis 0) only
+    unpack: Callable[[ModelSpec, np.ndarray], tuple[np.ndarray, ...]]  # a GGUF one cuts rows (axis 0) only
     pack: Callable[[ModelSpec, tuple[np.ndarray, ...]], np.ndarray]
 
     def groups(self, spec: ModelSpec, template: str, present: Collection[str]) -> list[tuple[str, tuple[str, ...]]]:
@@ -66,6 +66,9 @@ class Architecture:
     tied_by_default: bool = False  # transformers' default for tie_word_embeddings
     eps_key: str = "rms_norm_eps"
     hf_packed: dict[str, Packed] = field(default_factory=dict)  # HF name -> what it packs
+    # canonical part -> its HF name in another layout, read where the first is absent (an older
+    # transformers'); "{e}" in it: one tensor per expert, stacked along a new first axis
+    hf_alternatives: dict[str, str] = field(default_factory=dict)
     hf_transforms: dict[str, Transform] = field(default_factory=dict)  # canonical part -> transform
     hf_config: Callable[[ModelSpec], dict[str, Any]] = field(default=lambda s: {})  # config.json's family keys
     # GGUF, as llama.cpp's graph of ``family`` reads it: its metadata and tensors -> spec fields beyond the
@@ -99,13 +102,14 @@ def get_architecture(name: str) -> Architecture:
     return registry[name]
 
 
-def architecture_for_family(family: str) -> Architecture:
-    """The first registered architecture of llama.cpp's ``family`` (Llama for ``llama``, not Mistral)."""
-    for arch in _registry().values():
-        if arch.family == family:
-            return arch
-    families = sorted({a.family for a in _registry().values()})
-    raise UnsupportedModel(f"architecture {family!r} is not supported; supported: {', '.join(families)}")
+def architecture_for_family(family: str, experts: bool = False) -> Architecture:
+    """The first registered architecture of llama.cpp's ``family`` (Llama for ``llama``, not Mistral); with
+    ``experts`` (the file has ``{family}.expert_count``), the first with a router (Mixtral for ``llama``)."""
+    archs = [a for a in _registry().values() if a.family == family]
+    if not archs:
+        families = sorted({a.family for a in _registry().values()})
+        raise UnsupportedModel(f"architecture {family!r} is not supported; supported: {', '.join(families)}")
+    return next((a for a in archs if ("router" in a.names) == experts), archs[0])
 
 
 def supported_architectures() -> list[str]:

@@ -84,20 +84,23 @@ def attention(b: SectionBuilder, h: str, kind: str, qk_norm: str | None = None) 
     cache_k = b.cache_write("cache_k", k, "cache_k_out")
     cache_v = b.cache_write("cache_v", v, "cache_v_out")
     window = spec.sliding_window if kind.startswith("sliding") else None
-    attn = b.attention(q, cache_k, cache_v, spec.scale, spec.attn_softcap, window)
+    attn = b.attention(q, cache_k, cache_v, spec.scale, spec.attn_softcap, window,
+                       "sinks" if spec.attention_sinks else None)
     return b.linear(attn, "o", spec.hidden_size, spec.o_bias, hint="attn_out")
 
 
-def mlp(b: SectionBuilder, h: str) -> str:
-    """The gated MLP: act(gate(h)) * up(h), then down; SwiGLU for SiLU."""
+def mlp(b: SectionBuilder, h: str, prefix: str = "", size: int | None = None) -> str:
+    """The gated MLP: act(gate(h)) * up(h), then down; SwiGLU for SiLU. ``prefix`` and ``size``: another
+    MLP's weights and width (a shared expert's)."""
     spec = b.spec
-    gate = b.linear(h, "gate", spec.intermediate_size, spec.mlp_bias)
-    up = b.linear(h, "up", spec.intermediate_size, spec.mlp_bias)
+    size = size or spec.intermediate_size
+    gate = b.linear(h, f"{prefix}gate", size, spec.mlp_bias)
+    up = b.linear(h, f"{prefix}up", size, spec.mlp_bias)
     if spec.activation == "silu":
-        act = b.op("swiglu", (gate, up), "act")
+        act = b.op("swiglu", (gate, up), f"{prefix}act")
     else:
-        act = b.mul(b.activation(gate, spec.activation, "gate_act"), up, "act")
-    return b.linear(act, "down", spec.hidden_size, spec.mlp_bias, hint="mlp_out")
+        act = b.mul(b.activation(gate, spec.activation, f"{prefix}gate_act"), up, f"{prefix}act")
+    return b.linear(act, f"{prefix}down", spec.hidden_size, spec.mlp_bias, hint=f"{prefix}mlp_out")
 
 
 def residual(b: SectionBuilder, x: str, out: str, hint: str) -> str:
@@ -105,16 +108,17 @@ def residual(b: SectionBuilder, x: str, out: str, hint: str) -> str:
     return b.add(x, b.scale(out, b.spec.residual_multiplier, f"{out}_scaled"), hint)
 
 
-def pre_norm_layer(b: SectionBuilder, kind: str, qk_norm: str | None = None) -> str:
+def pre_norm_layer(b: SectionBuilder, kind: str, qk_norm: str | None = None,
+                   ffn: Callable[[SectionBuilder, str], str] = mlp) -> str:
     """Llama's layer: x + attn(norm(x)), then + mlp(norm(x)); or, with a parallel residual,
-    x + attn(norm1(x)) + mlp(norm2(x))."""
+    x + attn(norm1(x)) + mlp(norm2(x)). ``ffn``: the MLP's builder (a mixture of experts')."""
     h = b.norm("x", "attn_norm")
     attn = attention(b, h, kind, qk_norm)
     if b.spec.parallel_residual:
-        out = mlp(b, b.norm("x", "mlp_norm", "h_mlp"))
+        out = ffn(b, b.norm("x", "mlp_norm", "h_mlp"))
         return residual(b, residual(b, "x", attn, "x_attn"), out, "x_out")
     x = residual(b, "x", attn, "x_attn")
-    return residual(b, x, mlp(b, b.norm(x, "mlp_norm", "h_mlp")), "x_out")
+    return residual(b, x, ffn(b, b.norm(x, "mlp_norm", "h_mlp")), "x_out")
 
 
 # -- config readings --------------------------------------------------------------------------------------
@@ -245,12 +249,22 @@ def check_reads_back(spec: ModelSpec, back: ModelSpec, form: str, float32: bool 
     """``back``, what ``form`` reads as, is the model ``spec`` describes (``float32``: floats as float32),
     or an error naming each field that differs. Windows that hide nothing (max_positions or wider) count as
     full attention, and no attention scale as head_dim ** -0.5."""
-    ours, theirs = _canonical(spec), _canonical(back)
-    differing = [f.name for f in fields(ours)
-                 if not _same(getattr(ours, f.name), getattr(theirs, f.name), float32)]
+    differing = _differences(_canonical(spec), _canonical(back), float32)
     if differing:
         raise UnsupportedModel(f"{form} cannot express {spec.architecture}'s " + ", ".join(
-            f"{name}={getattr(ours, name)!r} (it would read back as {getattr(theirs, name)!r})" for name in differing))
+            f"{name}={ours!r} (it would read back as {theirs!r})" for name, ours, theirs in differing))
+
+
+def _differences(ours: Any, theirs: Any, float32: bool, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(field, ours, theirs) of each field that differs; a nested spec's by its own fields ("moe.top_k")."""
+    out = []
+    for f in fields(ours):
+        a, b = getattr(ours, f.name), getattr(theirs, f.name)
+        if is_dataclass(a) and type(a) is type(b):
+            out += _differences(a, b, float32, f"{prefix}{f.name}.")
+        elif not _same(a, b, float32):
+            out.append((prefix + f.name, a, b))
+    return out
 
 
 def _canonical(spec: ModelSpec) -> ModelSpec:
@@ -265,6 +279,4 @@ def _canonical(spec: ModelSpec) -> ModelSpec:
 def _same(a: Any, b: Any, float32: bool) -> bool:
     if float32 and isinstance(a, float) and isinstance(b, (int, float)):
         return bool(np.float32(a) == np.float32(b))
-    if is_dataclass(a) and type(a) is type(b):
-        return all(_same(getattr(a, f.name), getattr(b, f.name), float32) for f in fields(a))
     return a == b

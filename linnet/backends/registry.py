@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from linnet.errors import BackendUnavailable, LinnetError
+from linnet.errors import BackendUnavailable, LinnetError, UnsupportedModel
 
 PACKAGES = (
     "linnet.backends.reference",
@@ -59,7 +59,25 @@ class Backend:
         reason = self.unavailable()
         if reason:
             raise BackendUnavailable(f"{self.id} cannot run here: {reason}")
+        refusal = self.refusal(weights.spec)
+        if refusal:
+            raise UnsupportedModel(refusal)
         return _load(self.package.runner)(weights, cache, dtype=dtype, mode=self.mode, **options)
+
+    def not_yet(self) -> set[str]:
+        """The Program's features this backend does not run yet (``BackendPackage.not_yet``)."""
+        return {feature for mode, feature in self.package.not_yet if mode in ("*", self.mode)}
+
+    def refusal(self, spec: Any) -> str | None:
+        """Why this backend does not run the model ``spec`` (a ModelSpec) describes, or None when it does."""
+        from linnet.program import build_program
+        from linnet.program.ops import features
+
+        lacking = sorted(self.not_yet() & features(build_program(spec)))
+        if not lacking:
+            return None
+        return (f"backend {self.id} does not run {spec.architecture} yet: not yet "
+                f"{' or '.join(FEATURES.get(f, f'the {f} op') for f in lacking)}")
 
 
 @dataclass(frozen=True)
@@ -78,6 +96,9 @@ class BackendPackage:
     prepare: str | None = None  # prepare(mode): imports its load needs, done before a timed load
     options: tuple[str, ...] = ()  # runner options it takes beyond the common ones (e.g. "devices")
     benched: bool = True  # `linnet bench` runs it by default (the NumPy reference is for checking, not speed)
+    # Program features its emitters do not run yet, as (mode, feature), mode "*" for every mode; features
+    # are op kinds and "sinks" (``linnet.program.ops.features``). A model with one is refused by name.
+    not_yet: tuple[tuple[str, str], ...] = ()
 
     def unavailable(self, mode: str) -> str | None:
         return _load(self.check)(mode)
@@ -89,6 +110,9 @@ class BackendPackage:
     def set_threads(self, n: int) -> None:
         if self.threads:
             _load(self.threads)(n)
+
+
+FEATURES = {"moe": "the moe op (a mixture of experts)", "sinks": "attention sinks"}
 
 
 def _load(target: str) -> Callable[..., Any]:

@@ -12,6 +12,8 @@ padded to one of ``decode_sizes()`` (padding rows write a scratch position past 
 which no real query reads), and prefill runs in chunks of at most ``prefill_chunk`` tokens, so compiled
 backends compile a handful of shapes, once each (``warm_up`` compiles them all).
 Position ``p`` of a row is always written before any query reads it, so ``reset`` needs no clearing.
+Sliding layers keep rings of their window and the prefill chunk (``linnet.program.rings``), sized when
+the runner is made: ``prefill_chunk`` may shrink later, never grow past that.
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from linnet.errors import CacheFull, LinnetError, TokenError
+from linnet.program import Program
+from linnet.program.rings import ring_caches, rings
 from linnet.sampling import Sampling, sample_host
 from linnet.spec import ModelSpec
 
@@ -41,6 +45,9 @@ def cache_positions(tokens: int, multiple: int = 128) -> int:
 class CacheShape:
     rows: int = 1
     positions: int = 768
+    # the most tokens of a row one model call writes (the runner's prefill_chunk; None: the backend's
+    # own), which sizes sliding layers' ring caches (window + chunk - 1 positions)
+    chunk: int | None = None
 
 
 @dataclass(frozen=True)
@@ -106,12 +113,19 @@ class Runner(ABC):
     # shapes on ONNX Runtime, 2 threads; docs/NOTEBOOK.md, 2026-12-03 20:00). Compiled backends would
     # build another shape for it, so they keep the last token's.
     reads_without_logits: bool = False
+    # Set by ``_with_rings``: (slots, window) of each ring cache, the prefill chunk they were sized for
+    # (None: no rings), and the bytes of keys and values a cache row holds.
+    rings: frozenset[tuple[int, int]] = frozenset()
+    ring_chunk: int | None = None
+    cache_bytes_per_row: int = 0
 
     def __init__(self, spec: ModelSpec, cache: CacheShape):
-        if cache.rows < 1 or cache.positions < 2:
-            raise LinnetError(f"cache must have at least 1 row and 2 positions, got {cache}")
+        if cache.rows < 1 or cache.positions < 2 or (cache.chunk is not None and cache.chunk < 1):
+            raise LinnetError(f"cache must have at least 1 row, 2 positions and a chunk of 1, got {cache}")
         self.spec = spec
         self.cache = cache
+        if cache.chunk is not None:
+            self.prefill_chunk = cache.chunk
         self.lengths = [0] * cache.rows  # tokens held by each row
         self.load_time = 0.0
         self._samplers: dict[int, tuple[Sampling, Any]] = {}  # row -> its sampling and random state
@@ -222,7 +236,8 @@ class Runner(ABC):
         self._samplers.pop(row, None)
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "rows": self.cache.rows, "positions": self.cache.positions}
+        return {"backend": self.name, "rows": self.cache.rows, "positions": self.cache.positions,
+                "kv_cache_bytes_per_row": self.cache_bytes_per_row}
 
     def peak_memory(self) -> int:
         """Peak resident memory of this process in bytes (backends on a GPU report the device's)."""
@@ -256,9 +271,21 @@ class Runner(ABC):
         """Where idle rows write: one position past the last real one (backends allocate positions + 1)."""
         return self.cache.positions
 
+    def _with_rings(self, program: Program, scratch: int | None = None) -> Program:
+        """``program`` with its sliding layers' caches as rings of their window and ``prefill_chunk``
+        where those hold fewer than the cache's positions (``linnet.program.rings``); ``scratch``: the
+        scratch position, where it is not yet ``scratch_position``. Every backend's program passes here."""
+        program = ring_caches(program, self.cache.positions, self.prefill_chunk,
+                              self.scratch_position if scratch is None else scratch)
+        self.rings = rings(program)
+        self.ring_chunk = self.prefill_chunk if self.rings else None
+        self.cache_bytes_per_row = program.cache_bytes_per_row(self.cache.positions)
+        return program
+
     def _prefill_row(self, row: int, tokens: list[int], start: int, all_logits: bool, pick: bool = True) -> Any:
         """Chunks of at most ``prefill_chunk`` tokens; the last chunk's logits (all, on the host, if asked;
         none where ``pick`` is False and the backend ``reads_without_logits``)."""
+        self._check_chunk()
         every, out = [], None
         for at in range(0, len(tokens), self.prefill_chunk):
             chunk = tokens[at:at + self.prefill_chunk]
@@ -300,6 +327,7 @@ class Runner(ABC):
         """Several rows' first prompt chunks in one call, each padded to the longest with token 0. A pad
         writes its row's positions past the prompt, which the row's next tokens write again before any
         query reads them. The logits [R, 1, vocab] of each row's last real token, in the group's order."""
+        self._check_chunk()
         width = max(len(p.tokens) for p in group)
         tokens = np.zeros((len(group), width), dtype=np.int64)
         for i, p in enumerate(group):
@@ -352,10 +380,21 @@ class Runner(ABC):
     def _check_prefill(self, row: int, tokens: Sequence[int], start: int) -> None:
         if not tokens:
             raise LinnetError("prefill needs at least one token")
-        if not 0 <= start <= self.lengths[row]:
-            raise LinnetError(f"prefill at position {start} leaves a gap: row {row} holds {self.lengths[row]}")
+        held = self.lengths[row]
+        if not 0 <= start <= held:
+            raise LinnetError(f"prefill at position {start} leaves a gap: row {row} holds {held}")
+        for slots, window in self.rings:  # a ring keeps the last N written: the window before start must be there
+            if held > slots and 0 < start < held - (slots - window + 1):
+                raise LinnetError(f"prefill at position {start} of row {row}, which holds {held}: its sliding layers' "
+                                  f"ring caches ({slots} positions) no longer hold the {window - 1} before it; "
+                                  "reset the row and prefill it from 0")
         self._check_fits(start + len(tokens))
         self._check_tokens(tokens)
+
+    def _check_chunk(self) -> None:
+        if self.ring_chunk is not None and self.prefill_chunk > self.ring_chunk:
+            raise LinnetError(f"prefill_chunk {self.prefill_chunk} is longer than the {self.ring_chunk} tokens the "
+                              "sliding layers' ring caches were sized for; give the chunk in CacheShape(chunk=...)")
 
     def _check_fits(self, length: int) -> None:
         if length > self.cache.positions:

@@ -59,4 +59,8 @@ class LinnetSubject(Subject):
         described = self.runner.describe()  # "blocks": a runner multiplying llama.cpp's blocks, and how
         blocks = ([f"{BLOCKS_NOTE} ({described['blocks']}), {described['block_products']}"]
                   if "blocks" in described else [])
-        return [f"KV cache compiled for {self.runner.cache.positions} positions", *blocks]
+        runner = self.runner
+        rings = (f" (sliding layers keep rings of {', '.join(str(slots) for slots, _ in sorted(runner.rings))} "
+                 "positions)") if runner.rings else ""
+        return [f"KV cache compiled for {runner.cache.positions} positions, {runner.cache_bytes_per_row} bytes a "
+                f"row{rings}", *blocks]

@@ -78,7 +78,10 @@ the first's leading axes (a weight vector, a [..., 1] per-token value).
                                         with a window W also p > positions[r, t] - W (W tokens, the
                                         query's own included; with ``ring``, the ring's slots, below).
                                         It reads the cache the step just wrote, so a token sees itself
-                                        and the tokens before it.
+                                        and the tokens before it. With ``sinks`` (attr sinks=True, a
+                                        sixth input sinks [HEADS]): head h's softmax has one more logit,
+                                        f32(sinks[h]) as it is, in its denominator only (it weighs no
+                                        value; gpt-oss)
   swiglu(gate, up)                      silu(gate) * up
   activation(x; fn)                     silu(x) = x * sigmoid(x), gelu(x) = x * Phi(x) (erf), gelu_tanh(x)
                                         = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), in act
@@ -93,6 +96,22 @@ the first's leading axes (a weight vector, a [..., 1] per-token value).
   norm_linear(x, n, w[, b]; eps)        linear(rms_norm(x, n), w, b) as one op     (fuse_norm_linears)
   rms_linear(x, w[, b][, n]; eps)       norm_linear with n folded into w: w[:, j] * n[j] rounded once to act
                                         (fold_norm_weights); a tied head keeps n apart (its w is the embedding)
+  moe(x, router, gate, up, down[, router_b][, gate_b, up_b, down_b]; top_k, gating[, normalize],
+      activation[, alpha, limit][, router_bias][, expert_bias])
+                                        a mixture of E experts of width F, per token of x [..., D]: router
+                                        [E, D]; gate, up [E, F, D]; down [E, D, F]; then router_b [E]
+                                        (with router_bias) and gate_b, up_b [E, F], down_b [E, D] (with
+                                        expert_bias). l = f32(linear(x, router, router_b)). gating
+                                        "softmax_topk": p = softmax(l), the top_k largest p, each weighing
+                                        its p (with normalize, p / the top_k's sum); "topk_softmax": the
+                                        top_k largest l, weighing softmax over those k. Equal scores rank
+                                        the lower expert first. Weights w_e = cast_act(those). Expert e:
+                                        g = linear(x, gate[e], gate_b[e]), u = linear(x, up[e], up_b[e]);
+                                        "swiglu": a = silu(g) * u; "clamped_swiglu": g' = min(g, limit),
+                                        u' = clamp(u, -limit, limit), a = g' * sigmoid(alpha g') * (u' + 1);
+                                        y_e = linear(a, down[e], down_b[e]). Result: from zeros, + y_e * w_e
+                                        for each chosen e in ascending order, in act. A kernel: an emitter
+                                        reads the chosen experts' matrices only (there is no decomposition)
 
 Cache positions a row has not written hold garbage; the mask (p <= the query's position) never reads
 them. Runners keep one scratch position past the last real one, where idle rows and padding write.
@@ -104,7 +123,8 @@ written at slot p mod N, the scratch position S at slot N, which no query sees. 
 q, slot s < N holds the key age = (q - s) mod N positions back: visible where age < W and age <= q (the
 window, and no position before 0). That is the full cache's step while a step writes at most N - W + 1
 tokens of a row (no write then evicts a key its own queries read) and a row's positions are written in
-order (a prefill that goes back goes back at most N - W + 1 positions, once the row held more than N).
+order (a prefill that goes back, other than to position 0, goes back at most N - W + 1 positions once
+the row held more than N).
 
 Passes (``linnet.program.passes``) are opt-in and keep the step's meaning: fusions, folds, block
 quantisation, and ``lower``, which replaces the composites an emitter has no native form for by their

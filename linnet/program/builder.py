@@ -11,7 +11,7 @@ from typing import Any
 from linnet.errors import LinnetError
 from linnet.program.ir import Op, Program, Section, Value, step_inputs
 from linnet.program.ops import infer_op
-from linnet.spec import ModelSpec
+from linnet.spec import ModelSpec, MoeSpec
 
 
 class SectionBuilder:
@@ -127,13 +127,39 @@ class SectionBuilder:
         return out
 
     def attention(self, q: str, cache_k: str, cache_v: str, scale: float, softcap: float | None = None,
-                  window: int | None = None) -> str:
+                  window: int | None = None, sinks: str | None = None) -> str:
+        """``sinks``: the weight of a logit per head in the softmax (gpt-oss)."""
         attrs: dict[str, Any] = {"scale": float(scale)}
         if softcap is not None:
             attrs["softcap"] = float(softcap)
         if window is not None:
             attrs["window"] = window
-        return self.op("attention", (q, cache_k, cache_v, "rows", "positions"), "attn", attrs)
+        extra: tuple[str, ...] = ()
+        if sinks is not None:
+            attrs["sinks"] = True
+            extra = (self.weight(sinks, (self.spec.num_heads,)),)
+        return self.op("attention", (q, cache_k, cache_v, "rows", "positions", *extra), "attn", attrs)
+
+    def moe(self, x: str, moe: MoeSpec, hint: str = "moe_out") -> str:
+        """The routed experts of ``moe`` on x: weights ``router`` [E, D], ``expert_gate``/``expert_up`` [E, F, D]
+        and ``expert_down`` [E, D, F], with ``router_bias`` and ``expert_*_bias`` where the spec has them."""
+        d, e, f = self.width(x), moe.experts, moe.size
+        inputs: tuple[str, ...] = (x, self.weight("router", (e, d)), self.weight("expert_gate", (e, f, d)),
+                  self.weight("expert_up", (e, f, d)), self.weight("expert_down", (e, d, f)))
+        attrs: dict[str, Any] = {"top_k": moe.top_k, "gating": moe.gating}
+        if moe.normalize:
+            attrs["normalize"] = True
+        attrs["activation"] = moe.activation
+        if moe.alpha is not None and moe.limit is not None:  # clamped_swiglu's
+            attrs.update(alpha=float(moe.alpha), limit=float(moe.limit))
+        if moe.router_bias:
+            attrs["router_bias"] = True
+            inputs += (self.weight("router_bias", (e,)),)
+        if moe.expert_bias:
+            attrs["expert_bias"] = True
+            inputs += (self.weight("expert_gate_bias", (e, f)), self.weight("expert_up_bias", (e, f)),
+                       self.weight("expert_down_bias", (e, d)))
+        return self.op("moe", inputs, hint, attrs)
 
     def select(self, x: str) -> str:
         return self.op("select", (x, "select"), "x_sel")

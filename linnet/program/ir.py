@@ -88,13 +88,35 @@ class Program:
         """The step's inputs other than weights."""
         return step_inputs(self.spec, self.dtype)
 
+    def ring(self, kind: str) -> int | None:
+        """The slots of the ring cache that layers of ``kind`` keep (their ``cache_write``'s ``ring``,
+        ``linnet.program.rings``), or None where their cache holds every position."""
+        slots = {op.attrs.get("ring") for op in self.kinds[kind].ops if op.kind == "cache_write"}
+        if len(slots) > 1:
+            raise LinnetError(f"layers of kind {kind!r} write caches of several forms ({slots}); a layer has one")
+        return next(iter(slots), None)
+
+    def cache_input(self, kind: str) -> Value:
+        """The cache_k (and cache_v) a layer of ``kind`` takes: [ROWS, KV_HEADS, P, HEAD_DIM], or a ring's
+        [ROWS, KV_HEADS, ring + 1, HEAD_DIM] (its slots, then the scratch slot)."""
+        cache = self.inputs()["cache_k"]
+        slots = self.ring(kind)
+        return cache if slots is None else Value((cache.shape[0], cache.shape[1], slots + 1, cache.shape[3]),
+                                                 cache.dtype)
+
+    def cache_slots(self, kind: str, positions: int) -> int:
+        """The positions a layer of ``kind`` allocates for a cache of ``positions`` real ones: its ring's
+        slots or every position, and the scratch position after them."""
+        return (self.ring(kind) or positions) + 1
+
     def cache_bytes_per_row(self, positions: int) -> int:
-        """The keys and values one cache row holds over ``positions``, every layer, in the run dtype.
-        A sliding layer keeps the full positions too (masked to its window)."""
+        """The keys and values one cache row holds over ``positions``, every layer, in the run dtype: a
+        ring layer's its ring's slots (``linnet.program.rings``); neither counts its scratch slot."""
         from linnet.dtypes import DTYPES
 
         s = self.spec
-        return 2 * len(self.layer_kinds) * s.num_kv_heads * s.head_dim * positions * DTYPES[self.dtype].numpy.itemsize
+        held = sum(self.ring(kind) or positions for kind in self.layer_kinds)
+        return 2 * s.num_kv_heads * s.head_dim * held * DTYPES[self.dtype].numpy.itemsize
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every canonical tensor the checkpoint must hold, with its shape (``layers.<i>.<name>``)."""

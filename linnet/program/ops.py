@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from linnet.errors import LinnetError
-from linnet.program.ir import Op, Value
-from linnet.spec import ModelSpec
+from linnet.program.ir import Op, Program, Value
+from linnet.spec import EXPERT_ACTIVATIONS, GATINGS, ModelSpec
 
 Fresh = Callable[[str], str]  # a new value name from a hint
 
@@ -116,7 +116,19 @@ def _rotary(op: Op, args: list[Value], spec: ModelSpec, act: str) -> list[Value]
 def _cache_write(op: Op, args: list[Value], spec: ModelSpec, act: str) -> list[Value]:
     a = args[0]
     _need(op, args, args[3].shape[2:] == a.shape[1:2] + a.shape[3:], "values must match the cache's heads and head_dim")
+    _need(op, args, set(op.attrs) in (set(), {"ring", "scratch"}), "cache_write takes ring and scratch, or no attrs")
+    _need(op, args, type(op.attrs.get("scratch", 0)) is int and op.attrs.get("scratch", 0) >= 0,
+          "the scratch position must be a position")
+    _ring(op, args)
     return [a]
+
+
+def _ring(op: Op, args: list[Value]) -> None:
+    """A ring's slots (attr ``ring``) and its cache: ring + 1 positions (the last the scratch slot)."""
+    if "ring" in op.attrs:
+        ring = op.attrs["ring"]
+        _need(op, args, type(ring) is int and ring > 0 and args[0].shape[2] == ring + 1,
+              "a ring is a positive number of slots, its cache one position more")
 
 
 def _attention(op: Op, args: list[Value], spec: ModelSpec, act: str) -> list[Value]:
@@ -125,6 +137,11 @@ def _attention(op: Op, args: list[Value], spec: ModelSpec, act: str) -> list[Val
     _need(op, args, isinstance(op.attrs.get("scale"), float), "attention needs its scale")
     window = op.attrs.get("window")
     _need(op, args, window is None or type(window) is int and window > 0, "a window must be a positive integer")
+    sinks = op.attrs.get("sinks", False)
+    _need(op, args, type(sinks) is bool and len(args) == 5 + sinks and (not sinks or args[5].shape == a.shape[2:3]),
+          "attention's sinks (attr sinks=True) are a sixth input, one logit per query head")
+    _need(op, args, "ring" not in op.attrs or window is not None, "a ring cache is a windowed attention's")
+    _ring(op, args[1:])
     return [Value((*a.shape[:2], int(a.shape[2]) * int(a.shape[3])), a.dtype)]
 
 
@@ -153,6 +170,34 @@ def _activation(op: Op, args: list[Value], spec: ModelSpec, act: str) -> list[Va
 
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+MOE_ATTRS = {"top_k", "gating", "normalize", "activation", "alpha", "limit", "router_bias", "expert_bias"}
+
+
+def _moe(op: Op, args: list[Value], spec: ModelSpec, act: str) -> list[Value]:
+    attrs = op.attrs
+    _need(op, args, set(attrs) <= MOE_ATTRS, f"moe takes the attrs {sorted(MOE_ATTRS)}, not {sorted(attrs)}")
+    _need(op, args, len(args) >= 5 and all(len(v.shape) == n for v, n in zip(args[1:5], (2, 3, 3, 3))),
+          "moe reads x, then the router and the experts' gate, up and down")
+    _need(op, args, all(attrs[f] is True for f in ("normalize", "router_bias", "expert_bias") if f in attrs),
+          "normalize, router_bias and expert_bias are True where present")
+    x, router, gate, up, down, *rest = args
+    experts, width = router.shape
+    size = gate.shape[1]
+    _need(op, args, width == x.shape[-1] and gate.shape == up.shape == (experts, size, width)
+          and down.shape == (experts, width, size), "router [E, D], gate and up [E, F, D], down [E, D, F]")
+    bias_shapes = [(experts,)] * bool(attrs.get("router_bias")) + \
+        [(experts, size), (experts, size), (experts, width)] * bool(attrs.get("expert_bias"))
+    _need(op, args, [b.shape for b in rest] == bias_shapes,
+          "biases after down, as the attrs say: router_bias [E]; expert_bias: gate and up [E, F], down [E, D]")
+    top_k = attrs.get("top_k")
+    _need(op, args, type(top_k) is int and 0 < top_k <= int(experts), "top_k must be 1 to the number of experts")
+    _need(op, args, attrs.get("gating") in GATINGS, f"gating must be one of {GATINGS}")
+    _need(op, args, "normalize" not in attrs or attrs["gating"] == "softmax_topk", "normalize is softmax_topk's")
+    clamped = attrs.get("activation") == "clamped_swiglu"
+    _need(op, args, attrs.get("activation") in EXPERT_ACTIVATIONS, f"activation must be one of {EXPERT_ACTIVATIONS}")
+    _need(op, args, all(isinstance(attrs.get(k), float) == clamped == (k in attrs) for k in ("alpha", "limit")),
+          "clamped_swiglu takes alpha and limit (floats), swiglu neither")
+    return [x]
 
 
 # -- decompositions -------------------------------------------------------------------------------------
@@ -223,6 +268,7 @@ OPS: dict[str, OpDef] = {
     "rotary": OpDef("kernel", _rotary),
     "attention": OpDef("kernel", _attention),
     "rms_linear": OpDef("kernel", _linear),
+    "moe": OpDef("kernel", _moe),  # no decomposition: a dense one would read every expert
     # composites
     "swiglu": OpDef("composite", _pair, _swiglu, 2),
     "softcap": OpDef("composite", _same, _softcap, 1),
@@ -236,6 +282,13 @@ def infer_op(op: Op, args: list[Value], spec: ModelSpec, act: str) -> list[Value
     if definition is None:
         raise LinnetError(f"unknown op kind {op.kind!r}")
     return definition.infer(op, args, spec, act)
+
+
+def features(program: Program) -> set[str]:
+    """What a program asks of an emitter: its op kinds, and "sinks" where an attention reads them (what a
+    backend's registry entry can say it does not run yet)."""
+    ops = [op for section in program.sections().values() for op in section.ops]
+    return {op.kind for op in ops} | {"sinks" for op in ops if op.attrs.get("sinks")}
 
 
 def uncovered(native: set[str]) -> list[str]:

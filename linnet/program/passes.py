@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from linnet.errors import LinnetError
+from linnet.errors import LinnetError, UnsupportedModel
 from linnet.program.ir import Op, Program, Section, Value, layer_section_name, plan_section
 from linnet.program.ops import OPS, infer_op
 from linnet.quantize import ELEMENTS, FORMS, MADE, check_form
@@ -187,7 +187,10 @@ def quantize_weights(program: Program, forms: dict[tuple[str, str], str], int8_a
         check_form(form, f"{section} weight {weight!r}", tuple(FORMS))
         shapes = [_weight_shapes(program, layer_section_name(program, k)) for k in program.kinds] \
             if section == "layer" else [_weight_shapes(program, "head")]
-        found = {s.get(weight) for s in shapes} - {None}
+        if any(weight not in s for s in shapes):  # the weight plan quantises a layer weight in every layer
+            raise LinnetError(f"{section} weight {weight!r} is in some layer kinds only; storing it in blocks "
+                              "is not supported yet")
+        found = {s[weight] for s in shapes}
         shape = found.pop() if len(found) == 1 else None
         if shape is None or len(shape) != 2 or shape[1] % ELEMENTS[form]:
             raise LinnetError(f"{section} weight {weight!r} ({shape}) is not a matrix of whole "
@@ -240,7 +243,8 @@ def lower(program: Program, native: set[str] | frozenset[str]) -> Program:
                 return [op]
             decompose = OPS[op.kind].decompose
             if decompose is None:
-                raise LinnetError(f"op {op.kind!r} has no decomposition, and the emitter has no native form of it")
+                raise UnsupportedModel(f"this backend does not run the {op.kind} op yet: it has no native form "
+                                       "of it, and the op has no decomposition")
             return [o for part in decompose(op, fresh) for o in ops_of(part)]
 
         return replace(section, ops=tuple(o for op in section.ops for o in ops_of(op)))

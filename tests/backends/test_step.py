@@ -9,6 +9,7 @@ import pytest
 from linnet.backends import CacheShape, Decode, Prefill, create_runner
 from linnet.backends.registry import backends, get_backend
 from linnet.backends.runner import BAD_TOKENS, CACHE_FULL, OK, groups_by_length
+from linnet.errors import LinnetError
 from linnet.generation import Sampling, generate
 from linnet.model import open_model
 
@@ -265,3 +266,19 @@ def test_warming_up_touches_no_row(checkpoint_dir, backend):
     while len(got) < 6:
         got.append(runner.step(decode=[Decode(0, got[-1])])[0].token)
     assert got == want
+
+
+def test_ring_caches_refuse_what_they_cannot_serve(checkpoint_dir):
+    """A ring of 8 (window 5, chunks of 4) holds a row's last 8 positions: a prefill may go back 4 of them,
+    not 5, and the chunk may not grow past the 4 the rings were sized for."""
+    weights = open_model(str(checkpoint_dir("mistral-window5"))).weights
+    runner = create_runner("reference:numpy", weights, CacheShape(1, POSITIONS, chunk=4))
+    assert runner.rings == {(8, 5)}
+    ids = prompt(20, 0)
+    want = runner.prefill(0, ids)
+    assert np.abs(runner.prefill(0, ids[16:], start=16) - want).max() <= 1e-5  # positions 12-15 are still held
+    with pytest.raises(LinnetError, match="no longer hold the 4 before it"):
+        runner.prefill(0, ids[15:], start=15)
+    runner.prefill_chunk = 8
+    with pytest.raises(LinnetError, match="sized for"):
+        runner.prefill(0, ids)

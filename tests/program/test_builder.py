@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from checkpoints import CASE_IDS, CASES_BY_ID, config_class, hf_config
+from checkpoints import CASE_IDS, CASES_BY_ID, MOE_CASE_IDS, config_class, hf_config
 
 from linnet.program import build_program
 from linnet.spec import spec_from_hf_config
@@ -25,7 +25,7 @@ def spec_of(case_id: str):
     return spec_from_hf_config({**config.to_dict(), "architectures": [case.architecture]})
 
 
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id", CASE_IDS + MOE_CASE_IDS)
 def test_program_text_matches_golden(case_id):
     text = str(build_program(spec_of(case_id)))
     golden = GOLDEN / f"{case_id}.txt"

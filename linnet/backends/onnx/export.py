@@ -16,7 +16,7 @@ import onnx
 from numpy.typing import DTypeLike
 
 from linnet.backends.onnx.blocks import onnx_parts
-from linnet.backends.onnx.graph import GraphOptions, build_graph
+from linnet.backends.onnx.graph import INTERLEAVED, GraphOptions, build_graph
 from linnet.program import Program, block_forms, build_program, fuse_projections, quantize_weights
 from linnet.quantize import FORMS, block_names
 from linnet.spec import ModelSpec
@@ -39,13 +39,19 @@ def onnx_program(spec: ModelSpec, dtype: str, weights: Any = None, quantize: str
 
 def planned_arrays(weights: Any, program: Program, float_type: DTypeLike = np.float32) -> dict[str, np.ndarray]:
     """The weight plan's arrays; a matrix in blocks as MatMulNBits' parts (``name.codes``, ``name.scales``
-    ..., ``blocks.onnx_parts``), their scales in ``float_type``."""
+    ..., ``blocks.onnx_parts``), their scales in ``float_type``; the experts' gate and up interleaved, for
+    ONNX Runtime's MoE (``graph.INTERLEAVED``)."""
     arrays = plan_weights(weights, WeightPlan.of(program))
     blocks = block_names(program.quantized, program.spec.num_layers)
     out = {}
     for name, array in arrays.items():
         parts = onnx_parts(array, blocks[name], float_type) if name in blocks else {"": array}
         out.update({f"{name}.{part}" if part else name: value for part, value in parts.items()})
+    for i in range(program.spec.num_layers):
+        for name, (gate, up) in INTERLEAVED.items():
+            pair = [arrays.get(f"layers.{i}.{part}") for part in (gate, up)]
+            if pair[0] is not None and pair[1] is not None:  # [E, F, ...] twice -> [E, 2F, ...]
+                out[f"layers.{i}.{name}"] = np.stack(pair, axis=2).reshape(pair[0].shape[0], -1, *pair[0].shape[2:])
     return out
 
 

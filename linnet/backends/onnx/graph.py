@@ -70,8 +70,12 @@ NATIVE_OPS = frozenset({
     "embedding", "linear", "split", "concat", "split_heads", "cache_write", "select", "cast", "add", "sub", "mul",
     "scale", "shift", "tanh", "rsqrt", "mean", "activation",
     "rms_norm", "rotary", "attention", "rms_linear",
-    "swiglu", "layer_norm", "softcap"})
-ATTENTION_ATTRS = {"scale", "softcap", "window"}
+    "swiglu", "layer_norm", "softcap", "moe"})
+ATTENTION_ATTRS = {"scale", "softcap", "window", "ring", "sinks"}
+
+# ONNX Runtime's MoE kernel reads each expert's gate and up rows interleaved in one matrix (row 2j gate's row
+# j, row 2j + 1 up's): the weights hold that form beside the Program's stacks (``export.planned_arrays``).
+INTERLEAVED = {"expert_gate_up": ("expert_gate", "expert_up"), "expert_gate_up_bias": ("expert_gate_bias", "expert_up_bias")}
 
 T = TypeVar("T")
 
@@ -116,9 +120,11 @@ class _Emitter:
         # MatMulNBits' accuracy level 4 rounds x to int8 per block, as Program.int8_activations defines
         self.block_accuracy = 4 if program.int8_activations else 0
         self.types: dict[str, Value] = {}  # the section being emitted: each Program value's shape and dtype
+        self.weight: Callable[[str], str] = str  # and its weights' graph names, by the section's names
+        self.full_cache = "cache_k.0"  # a cache holding every position, whose length the causal mask takes
 
     def emit_section(self, section: Section, types: dict[str, Value], env: dict[str, str], weight) -> None:
-        self.types = types
+        self.types, self.weight = types, weight
         for op in section.ops:
             self.emit(op, env, weight)
 
@@ -280,20 +286,24 @@ class _Emitter:
         # named as the step's output, so that a caller binding one buffer as input and output updates it in place
         out = f"{cache}.out"
         self._names.add(out)
-        if self.gqa:  # GroupQueryAttention appends them (op_attention)
+        ring = op.attrs.get("ring")
+        if self.gqa and ring is None:  # GroupQueryAttention appends them (op_attention)
             self._appended[out] = (cache, self.flat(v))
             return out
-        self.nodes.append(helper.make_node("ScatterND", [cache, self._scatter_index(), self.heads(v)], [out], name=out))
+        at = "positions" if ring is None else self._ring_slots(ring, op.attrs["scratch"])
+        index = self._scatter_index(at)
+        self.nodes.append(helper.make_node("ScatterND", [cache, index, self.heads(v)], [out], name=out))
         return out
 
-    def op_attention(self, op: Op, q: str, cache_k: str, cache_v: str, rows: str, positions: str) -> str:
+    def op_attention(self, op: Op, q: str, cache_k: str, cache_v: str, rows: str, positions: str,
+                     sinks: str | None = None) -> str:
         unknown = sorted(set(op.attrs) - ATTENTION_ATTRS)
         if unknown:
             raise LinnetError(f"the ONNX emitter has no form of attention's {', '.join(unknown)} (op {op})")
         spec = self.spec
         heads, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        if self.gqa:
-            return self._group_query_attention(op, q, cache_k, cache_v)
+        if self.gqa and "ring" not in op.attrs:  # a ring is beyond GroupQueryAttention: the plain form reads it
+            return self._group_query_attention(op, q, cache_k, cache_v, sinks)
         group = heads // kv
         # queries grouped per key/value head: [R, KV, G * T, D]
         q = self._flat[q][0] if q in self._flat else q  # [R, T, H * D] or [R, T, H, D]: either reshapes
@@ -308,9 +318,13 @@ class _Emitter:
             cap = self.scalar(op.attrs["softcap"], "f32")
             bent = self.node("Tanh", [self.node("Div", [scores, cap], "capped_in")], "capped_tanh")
             scores = self.node("Mul", [bent, cap], "capped")
-        masked = self.node("Where", [self._visible(group, op.attrs.get("window")), scores,
-                                     self.scalar(-math.inf, "f32")], "masked")
+        visible = self._visible(group, op.attrs.get("window"), op.attrs.get("ring"), cache_k)
+        masked = self.node("Where", [visible, scores, self.scalar(-math.inf, "f32")], "masked")
+        if sinks is not None:  # each head's sink: one more logit, a column that weighs no value
+            masked = self.node("Concat", [masked, self._sink_column(sinks, group, masked)], "with_sinks", axis=-1)
         weights = self.node("Softmax", [masked], "probs", axis=-1)
+        if sinks is not None:
+            weights = self.node("Slice", [weights, self.ints(0), self.ints(-1), self.ints(-1)], "probs_keys")
         out = self.node("MatMul", [weights, values], "attn_kv")  # [R, KV, G * T, D]
         out = self.node("Reshape", [out, self.ints(0, kv, group, -1, d)], "attn_g")
         out = self.node("Transpose", [out], "attn_t", perm=[0, 3, 1, 2, 4])  # [R, T, KV, G, D]
@@ -422,12 +436,24 @@ class _Emitter:
             rows = self.node("Add", [rows, self.node("Unsqueeze", [mins, self.ints(-1)], "x_mins_b")], "x_with_mins")
         return self.node("Reshape", [rows, self.ints(0, 0, w.k)], "x")
 
-    def _group_query_attention(self, op: Op, q: str, cache_k: str, cache_v: str) -> str:
+    def _sink_column(self, sinks: str, group: int, scores: str) -> str:
+        """[R, KV, G * T, 1]: each query's head's sink logit beside its scores [R, KV, G * T, P] (g-major)."""
+        kv = self.spec.num_kv_heads
+        column = self.node("Reshape", [self.to_f32(sinks), self.ints(1, kv, group, 1)], "sinks_g")
+        length = self.node("Shape", ["positions"], "t_len", start=1, end=2)
+        column = self.node("Expand", [column, self.node("Concat", [self.ints(1, kv, group), length], "sinks_gt_shape",
+                                                         axis=0)], "sinks_gt")
+        column = self.node("Reshape", [column, self.ints(1, kv, -1, 1)], "sinks_rows")
+        shape = self.node("Concat", [self.node("Shape", [scores], "scores_lead", end=3), self.ints(1)], "sinks_shape",
+                          axis=0)
+        return self.node("Expand", [column, shape], "sinks_column")
+
+    def _group_query_attention(self, op: Op, q: str, cache_k: str, cache_v: str, sinks: str | None = None) -> str:
         """com.microsoft GroupQueryAttention: appends the new keys and values to each bound cache row at its
         length (its positions[0]) in place, and attends over the valid length only. Its softcap bends the
         scaled scores before the softmax, as the Program's does; its local_window_size W, in ONNX Runtime
         1.32's CPU kernel, is the Program's window: W keys, the query's own included (older sources kept
-        W + 1; tests/backends/onnx pins it)."""
+        W + 1; tests/backends/onnx pins it). Sinks are its head_sink input (its twelfth)."""
         spec = self.spec
         attrs: dict[str, Any] = {"scale": op.attrs["scale"]}
         if "softcap" in op.attrs:
@@ -443,6 +469,8 @@ class _Emitter:
         if packed:  # the kernel splits q/k/v and rotates q and k itself, by the tables their rotations read
             qkv, tables, rotary = [packed[0], "", ""], list(packed[1:]), {"do_rotary": 1, "rotary_interleaved": 0}
         out = self.fresh("attn")
+        if sinks is not None:  # after the tables (or none), position_ids and attention_bias (none)
+            tables = [*(tables or ["", ""]), "", "", sinks]
         self.nodes.append(helper.make_node(
             "GroupQueryAttention", [*qkv, past_k, past_v, seqlens, total, *tables],
             [out, cache_k, cache_v], name=out, domain="com.microsoft", num_heads=spec.num_heads,
@@ -467,6 +495,107 @@ class _Emitter:
             return None
         self.nodes = [n for n in self.nodes if n not in taken]
         return split.input[0], rot_q.input[2], rot_q.input[3]
+
+    # -- the mixture of experts --------------------------------------------------------------------
+    def op_moe(self, op: Op, x: str, router: str, gate: str, up: str, down: str, *biases: str) -> str:
+        """The Program's ``moe``, sparse: ONNX Runtime's com.microsoft MoE kernel (ort), which runs each
+        expert on the tokens that chose it; or a Loop over the experts the step's tokens chose (plain)."""
+        attrs = op.attrs
+        logits = self.op_linear(op, x, router, *biases[:1] if attrs.get("router_bias") else ())
+        expert_biases = biases[-3:] if attrs.get("expert_bias") else (None, None, None)
+        if self.contrib:
+            return self._moe_kernel(op, x, logits, down, expert_biases[2])
+        return self._moe_loop(op, x, logits, (gate, up, down), expert_biases)
+
+    def _moe_kernel(self, op: Op, x: str, logits: str, down: str, down_bias: str | None) -> str:
+        """com.microsoft MoE: a softmax over the router's logits, each token's top k, their weights
+        renormalised where asked (a softmax over the top k logits is the renormalised top k of the one over
+        all), gate and up interleaved in one matrix (``INTERLEAVED``: the one layout its CPU kernel takes),
+        the activation g' sigmoid(alpha g') (u' + beta), g' and u' clamped at the limit where there is one."""
+        attrs = op.attrs
+        clamped = attrs["activation"] == "clamped_swiglu"
+        renormalise = attrs["gating"] == "topk_softmax" or attrs.get("normalize", False)
+        options: dict[str, Any] = {"k": attrs["top_k"], "activation_type": "swiglu", "swiglu_fusion": 1,
+                                   "normalize_routing_weights": int(renormalise),
+                                   "activation_alpha": attrs.get("alpha", 1.0), "activation_beta": float(clamped)}
+        if clamped:
+            options["swiglu_limit"] = attrs["limit"]
+        gate_up = self.weight("expert_gate_up")
+        gate_up_bias = self.weight("expert_gate_up_bias") if down_bias else ""
+        experts = int(self.types[op.inputs[1]].shape[0])
+        router_logits = self.node("Reshape", [logits, self.ints(-1, experts)], "router_logits")
+        y = self.node("MoE", [x, router_logits, gate_up, gate_up_bias, down, down_bias or ""], "moe",
+                      domain="com.microsoft", **options)
+        return self.rounded(y)
+
+    def _moe_loop(self, op: Op, x: str, logits: str, stacks: tuple[str, str, str],
+                  biases: tuple[str | None, ...]) -> str:
+        """Standard operators: each token's top k (TopK: equal scores, the lower index first) and their
+        weights; then a Loop over the experts some token chose (Unique: ascending), whose body gathers
+        that expert's matrices alone, runs them on the tokens that chose it (NonZero) and adds each output
+        times its weight to the token's sum (ScatterND, reduction add)."""
+        attrs = op.attrs
+        width, experts = (int(self.types[op.inputs[i]].shape[j]) for i, j in ((0, -1), (1, 0)))
+        tokens = self.node("Reshape", [x, self.ints(-1, width)], "moe_tokens")
+        scores = self.node("Reshape", [self.to_f32(logits), self.ints(-1, experts)], "router_scores")
+        if attrs["gating"] == "softmax_topk":
+            scores = self.node("Softmax", [scores], "router_probs", axis=-1)
+        weights, chosen = self.node_outs("TopK", [scores, self.ints(attrs["top_k"])], "picks", 2, axis=-1)
+        if attrs["gating"] == "topk_softmax":
+            weights = self.node("Softmax", [weights], "pick_weights", axis=-1)
+        elif attrs.get("normalize"):
+            total = self.node("ReduceSum", [weights, self.ints(-1)], "pick_total", keepdims=1)
+            weights = self.node("Div", [weights, total], "pick_weights")
+        weights = self.rounded(weights if self.compute == "f32" else self.cast(weights, self.compute, "pick_weights"))
+        used = self.node("Unique", [self.node("Reshape", [chosen, self.ints(-1)], "picks_flat")], "chosen", sorted=1)
+        zero = helper.make_tensor("zero", ONNX_TYPES[self.compute], [1], [0.0])
+        start = self.node("ConstantOfShape", [self.node("Shape", [tokens], "moe_shape")], "moe_zeros", value=zero)
+
+        outer, self.nodes = self.nodes, []  # the body's nodes (outer values are read as they are)
+        i, keep, summed = self.fresh("moe_i"), self.fresh("moe_keep"), self.fresh("moe_sum")
+        e = self.node("Gather", [used, i], "expert", axis=0)
+        picks = self.node("NonZero", [self.node("Equal", [chosen, e], "chose_expert")], "expert_picks")  # [2, M]
+        token = self.node("Gather", [picks, self._zero()], "expert_tokens", axis=0)
+        weight = self.node("GatherND", [weights, self.node("Transpose", [picks], "expert_pick_index", perm=[1, 0])],
+                           "expert_weights")
+
+        def linear(h: str, stack: str, bias: str | None) -> str:  # expert e's matrix, gathered alone
+            parts = [self.node("Gather", [s, e], "expert_part", axis=0) for s in (stack, bias) if s is not None]
+            return self.rounded(self.node("Gemm", [h, *parts], "expert_product", transB=1))
+
+        h = self.node("Gather", [tokens, token], "expert_x", axis=0)
+        (gate, up, down), (gate_b, up_b, down_b) = stacks, biases
+        y = linear(self._expert_activation(op, linear(h, gate, gate_b), linear(h, up, up_b)), down, down_b)
+        y = self.rounded(self.node("Mul", [y, self.node("Unsqueeze", [weight, self.ints(-1)], "expert_weight")],
+                                   "expert_out"))
+        rows = self.node("Unsqueeze", [token, self.ints(-1)], "expert_rows")
+        added = self.rounded(self.node("ScatterND", [summed, rows, y], "expert_added", reduction="add"))
+        still = self.node("Identity", [keep], "moe_keep_out")
+        body_nodes, self.nodes = self.nodes, outer
+        held = ONNX_TYPES[self.compute]
+        body = helper.make_graph(
+            body_nodes, self.fresh("moe_experts"),
+            [helper.make_tensor_value_info(i, TensorProto.INT64, []),
+             helper.make_tensor_value_info(keep, TensorProto.BOOL, []),
+             helper.make_tensor_value_info(summed, held, [None, width])],
+            [helper.make_tensor_value_info(still, TensorProto.BOOL, []),
+             helper.make_tensor_value_info(added, held, [None, width])])
+        out = self.node("Loop", [self.node("Size", [used], "chosen_count"), "", start], "moe_out", body=body)
+        return self.node("Reshape", [out, self.node("Shape", [x], "moe_x_shape")], "moe")
+
+    def _expert_activation(self, op: Op, g: str, u: str) -> str:
+        """silu(g) * u ("swiglu"), or g' sigmoid(alpha g') (u' + 1), g' = min(g, limit) and u' clamped
+        to [-limit, limit] ("clamped_swiglu")."""
+        if op.attrs["activation"] == "swiglu":
+            return self.op_swiglu(op, g, u)
+        act = self.types[op.outs[0]].dtype
+        limit, alpha = self.constant(op.attrs["limit"], act), self.constant(op.attrs["alpha"], act)
+        g = self.node("Min", [g, limit], "gate_clamped")
+        u = self.node("Clip", [u, self.node("Neg", [limit], "neg_limit"), limit], "up_clamped")
+        sig = self.node("Sigmoid", [self.rounded(self.node("Mul", [g, alpha], "gate_alpha"))], "gate_sig")
+        gated = self.rounded(self.node("Mul", [g, self.rounded(sig)], "gated"))
+        return self.rounded(self.node("Mul", [gated, self.rounded(self.node("Add", [u, self.constant(1.0, act)],
+                                                                            "up_plus"))], "clamped_swiglu"))
 
     # -- per-head values kept flat ----------------------------------------------------------------
     def flat_heads(self, flat: str, heads: int, width: int) -> str:
@@ -516,17 +645,29 @@ class _Emitter:
                               lambda: self.node("Slice", [gathered, *bounds], f"{name}_table{index}"))
         return cut("cos", c), cut("sin", s)
 
-    def _scatter_index(self) -> str:
-        """[R, T, KV, 3] indices (rows[r], head, positions[r, t]) into a [ROWS, KV, P, D] cache."""
+    def _scatter_index(self, at: str = "positions") -> str:
+        """[R, T, KV, 3] indices (rows[r], head, at[r, t]) into a [ROWS, KV, P, D] cache: at the positions,
+        or a ring's slots."""
         def build() -> str:
             kv = self.spec.num_kv_heads
             shape = self.node("Concat", [self.node("Shape", ["positions"], "rt"), self.ints(kv, 1)], "rtk1", axis=0)
             rows = self.node("Reshape", ["rows", self.ints(-1, 1, 1, 1)], "rows_b")
             heads = self.const("kv_heads", np.arange(kv, dtype=np.int64).reshape(1, 1, kv, 1))
-            positions = self.node("Unsqueeze", ["positions", self.ints(2, 3)], "pos_b")
+            positions = self.node("Unsqueeze", [at, self.ints(2, 3)], "pos_b")
             parts = [self.node("Expand", [p, shape], "index_part") for p in (rows, heads, positions)]
             return self.node("Concat", parts, "scatter_index", axis=-1)
-        return self._once("scatter_index", build)
+        return self._once("scatter_index" if at == "positions" else f"scatter_index:{at}", build)
+
+    def _ring_slots(self, ring: int, scratch: int) -> str:
+        """[R, T]: where a ring cache of ``ring`` slots takes each position: p mod ring, the scratch
+        position at slot ring."""
+        def build() -> str:
+            size = self.const("ring", np.array(ring, np.int64))
+            wrapped = self.node("Mod", ["positions", size], "ring_wrapped")
+            scratch_position = self.const("scratch", np.array(scratch, np.int64))
+            scratched = self.node("Equal", ["positions", scratch_position], "scratched")
+            return self.node("Where", [scratched, size, wrapped], "ring_slots")
+        return self._once(f"ring_slots:{ring}", build)
 
     def _gqa_lengths(self) -> tuple[str, str]:
         """GroupQueryAttention's lengths: per row its last position ([R] int32, "seqlens_k") and the
@@ -537,12 +678,23 @@ class _Emitter:
             return self.cast(last, "i32", "seqlens_k"), self.cast(longest, "i32", "total_len")
         return self._once("gqa_lengths", build)
 
-    def _visible(self, group: int, window: int | None) -> str:
+    def _visible(self, group: int, window: int | None, ring: int | None = None, cache: str = "") -> str:
         """[R, 1, G * T, P] bool: cache position p is visible to the query at (g, t) when p <= positions[t]
-        (and, with a window W, p > positions[t] - W)."""
-        def keys() -> str:
-            length = self.node("Shape", ["cache_k.0"], "cache_len", start=2, end=3)
+        (and, with a window W, p > positions[t] - W). In a ring (``cache``'s) of N slots, slot s < N holds
+        the key age = (q - s) mod N back, visible where age < W and age <= q."""
+        def keys(source: str = self.full_cache) -> str:
+            length = self.node("Shape", [source], "cache_len", start=2, end=3)
             return self.node("Range", [self._zero(), self.node("Squeeze", [length], "p_len"), self._one()], "p")
+
+        def ring_build() -> str:  # q - s + N is never negative: any sign convention of Mod will do
+            s, q = self._once(f"ring_keys:{ring}", lambda: keys(cache)), self._once("query_positions", queries)
+            size = self.const("ring", np.array(ring, np.int64))
+            age = self.node("Mod", [self.node("Add", [self.node("Sub", [q, s], "q_minus_s"), size], "ahead"), size],
+                            "age")
+            seen = self.node("And", [self.node("Less", [s, size], "in_ring"),
+                                     self.node("Less", [age, self.const("window", np.array(window, np.int64))],
+                                               "in_window")], "ring_window")
+            return self.node("And", [seen, self.node("LessOrEqual", [age, q], "after_start")], "visible_ring")
 
         def queries() -> str:
             q = self.node("Tile", ["positions", self.ints(1, group)], "q_pos")  # [R, G * T], g-major as the queries
@@ -555,6 +707,8 @@ class _Emitter:
                 return causal
             first = self.node("Sub", [q, self.const("window", np.array(window, np.int64))], "window_start")
             return self.node("And", [causal, self.node("Greater", [p, first], "in_window")], "visible_window")
+        if ring is not None:
+            return self._once(f"visible:{window}:ring{ring}", ring_build)
         return self._once(f"visible:{window}", build)
 
     def _zero(self) -> str:
@@ -622,6 +776,7 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
               (("tokens", ["R", "T"]), ("positions", ["R", "T"]), ("rows", ["R"]), ("select", ["R", "S"]))]
     cache_type = ONNX_TYPES[e.compute]
     cache_shape: list[str | int] = ["ROWS", spec.num_kv_heads, "P", spec.head_dim]
+    ring_shape: list[str | int] = ["ROWS", spec.num_kv_heads, "SLOTS", spec.head_dim]  # a ring's slots, any number
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["R", "S", spec.vocab_size]),
                helper.make_tensor_value_info("next_ids", TensorProto.INT64, ["R", "S"])]
     e._names.update(("tokens", "positions", "rows", "select", "logits", "next_ids"))
@@ -630,12 +785,15 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
     env = {n: n for n in ("tokens", "positions", "rows", "select", "rope_cos", "rope_sin")}
     e.emit_section(program.embed, typed["embed"], env, weight)
     x = env[program.embed.results[0]]
+    rings = [program.ring(kind) for kind in program.layer_kinds]
+    e.full_cache = f"cache_k.{next((i for i, ring in enumerate(rings) if ring is None), 0)}"
     for i in range(spec.num_layers):
         names = {kind: f"cache_{kind}.{i}" for kind in "kv"}
+        shape = cache_shape if rings[i] is None else ring_shape
         for kind in "kv":
             e._names.add(names[kind])
-            inputs.append(helper.make_tensor_value_info(names[kind], cache_type, cache_shape))
-            outputs.append(helper.make_tensor_value_info(f"{names[kind]}.out", cache_type, cache_shape))
+            inputs.append(helper.make_tensor_value_info(names[kind], cache_type, shape))
+            outputs.append(helper.make_tensor_value_info(f"{names[kind]}.out", cache_type, shape))
         layer_env = {**env, "x": x, "cache_k": names["k"], "cache_v": names["v"]}
         section = program.layer_section(i)
         e.emit_section(section, typed[layer_section_name(program, program.layer_kinds[i])], layer_env,

@@ -112,7 +112,8 @@ class OnnxRunner(Runner):
         if quantize != "none" and mode != "cpu":
             raise LinnetError(f"--quantize {quantize}: onnx runs weights in blocks on the CPU provider only, "
                               f"not onnx:{mode}")
-        program = onnx_program(weights.spec, dtype, weights, quantize)
+        program = self._with_rings(onnx_program(weights.spec, dtype, weights, quantize))
+        self._slots = [program.cache_slots(kind, cache.positions) for kind in program.layer_kinds]  # each layer's
         self.quantized = sorted({form for _, _, form in program.quantized})
         self._kept: tempfile.TemporaryDirectory | None = None
         path = self._graph_file(weights, program, max(weights.spec.max_positions, cache.positions + 1))
@@ -123,8 +124,9 @@ class OnnxRunner(Runner):
     # -- load ------------------------------------------------------------------------------------
     def _graph_file(self, weights: Weights, program: Program, rope_positions: int) -> Path:
         """The graph and its weights on disk, written on the first load and kept in Linnet's cache."""
+        rings = f"|rings {sorted(self.rings)}, scratch {self.scratch_position}" if self.rings else ""
         key = (f"{weights.source}|{self.dtype}|{self.options}|{program.quantized}|{rope_positions}|"
-               f"{code_identity(graph, export, blocks)}")
+               f"{code_identity(graph, export, blocks)}{rings}")
         float_type = DTYPES[self.options.compute or self.dtype].numpy
 
         def write(directory: Path) -> None:
@@ -179,20 +181,21 @@ class OnnxRunner(Runner):
     def _bind_caches(self) -> None:
         """Each layer's cache: one zeroed buffer on the device, bound as input and output of every step."""
         spec = self.spec
-        shape = (self.cache.rows, spec.num_kv_heads, self.cache.positions + 1, spec.head_dim)  # + scratch
         dtype = DTYPES[self.options.compute or self.dtype].numpy
         self.binding = self.session.io_binding()
         self._bind_results()  # first: a rebound name keeps its place, so the results stay outputs 0 and 1
         self.cache_names = [i.name for i in self.session.get_inputs() if i.name.startswith("cache_")]
+        # each "cache_k.<layer>": every position and the scratch one, or a ring's slots and its scratch slot
+        shapes = [(self.cache.rows, spec.num_kv_heads, self._slots[int(name.split(".")[1])], spec.head_dim)
+                  for name in self.cache_names]
         if self.options.attention == "gqa":  # host arrays, bound a window of rows at a time (_window)
-            self.caches = [np.zeros(shape, dtype) for _ in self.cache_names]
+            self.caches = [np.zeros(shape, dtype) for shape in shapes]
             self._bound: tuple[int, int] | None = None
             # where first prompts of rows that are not consecutive are read (_on_scratch), kept between calls:
             # a buffer allocated per call is pages to fault in on every call
             self._scratch = [np.empty(0, dtype) for _ in self.cache_names]
             return
-        self.caches = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), self.device, 0)
-                       for _ in self.cache_names]
+        self.caches = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), self.device, 0) for shape in shapes]
         self._bind_cache_values(self.caches)
 
     def _bind_cache_values(self, values: list[Any]) -> None:
@@ -268,23 +271,25 @@ class OnnxRunner(Runner):
         scratch = [s[:size].reshape(shape) for s in self._scratch]
         self._bind_cache_values([ort.OrtValue.ortvalue_from_numpy(s) for s in scratch])
         self._bound = None
-        return self._run(tokens, positions, rows, select), scratch
+        return self._run(tokens, positions, np.arange(count, dtype=np.int64), select), scratch
 
     def _window(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray) -> StepOutput:
-        """The step on the cache rows min(rows)..max(rows), bound as views; the window's other rows idle."""
+        """The step on the cache rows min(rows)..max(rows), bound as views; the window's other rows idle.
+        The step's rows are the window's (a ring layer's ScatterND and Gather read them; GroupQueryAttention
+        takes the bound rows in order)."""
         first, last = int(rows.min()), int(rows.max()) + 1
         if self._bound != (first, last):
             self._bind_cache_values([ort.OrtValue.ortvalue_from_numpy(c[first:last]) for c in self.caches])
             self._bound = (first, last)
         slot = rows - first
         if last - first == len(rows) and (slot == np.arange(len(rows))).all():
-            return self._run(tokens, positions, rows, select)
+            return self._run(tokens, positions, slot, select)
         size = last - first  # only one-token steps get here (several tokens of several rows go a row at a time)
         full_tokens = np.zeros((size, 1), np.int64)
         full_positions = np.full((size, 1), self.scratch_position, np.int64)
         full_select = np.zeros((size, select.shape[1]), np.int64)
         full_tokens[slot], full_positions[slot], full_select[slot] = tokens, positions, select
-        out = self._run(full_tokens, full_positions, np.arange(first, last, dtype=np.int64), full_select)
+        out = self._run(full_tokens, full_positions, np.arange(size, dtype=np.int64), full_select)
         return StepOutput(out.logits, out.ids[slot], slot)
 
     def _run(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray) -> StepOutput:

@@ -71,6 +71,8 @@ def _run(section: Section, params: dict, inputs: Mapping[str, np.ndarray], weigh
         args = [weight(i[2:]) if i.startswith("w.") else env[i] for i in op.inputs]
         if op.kind == "linear" and op.inputs[1] in int8_products:
             outs = linear_int8(op, act, *args, codes=int8_products[op.inputs[1]])
+        elif op.kind == "moe" and set(op.inputs) & set(int8_products):
+            raise LinnetError(f"int8 activations are defined for linear products only, not op {op}")
         else:
             outs = OPS[op.kind](op, act, *args)
         env.update(zip(op.outs, outs if isinstance(outs, tuple) else (outs,)))
@@ -115,11 +117,14 @@ def rotary(op: Op, act: type, x: np.ndarray, positions: np.ndarray, cos: np.ndar
 
 def cache_write(op: Op, act: type, cache: np.ndarray, rows: np.ndarray, positions: np.ndarray, v: np.ndarray):
     out = cache.copy()
+    if "ring" in op.attrs:  # a ring's slots: p mod N, the scratch position's the last
+        ring = op.attrs["ring"]
+        positions = np.where(positions == op.attrs["scratch"], ring, positions % ring)
     out[rows[:, None], :, positions] = v  # [R, T] indices around a slice: the indexed view is [R, T, KV, D]
     return out
 
 
-def attention(op: Op, act: type, q, cache_k, cache_v, rows, positions) -> np.ndarray:
+def attention(op: Op, act: type, q, cache_k, cache_v, rows, positions, sinks=None) -> np.ndarray:
     r, t, heads, d = q.shape
     group = heads // cache_k.shape[1]
     keys = np.repeat(cache_k[rows], group, axis=1).astype(np.float32)  # [R, HEADS, P, D]
@@ -129,14 +134,64 @@ def attention(op: Op, act: type, q, cache_k, cache_v, rows, positions) -> np.nda
         cap = np.float32(op.attrs["softcap"])
         scores = np.tanh(scores / cap) * cap
     key_positions = np.arange(keys.shape[2])[None, None, None, :]
-    visible = key_positions <= positions[:, :, None, None]
-    if "window" in op.attrs:
-        visible &= key_positions > positions[:, :, None, None] - op.attrs["window"]
+    query = positions[:, :, None, None]
+    if "ring" in op.attrs:  # the key of slot s is age = (q - s) mod N positions back; the last is scratch
+        ring = op.attrs["ring"]
+        age = (query - key_positions) % ring
+        visible = (key_positions < ring) & (age < op.attrs["window"]) & (age <= query)
+    else:
+        visible = key_positions <= query
+        if "window" in op.attrs:
+            visible &= key_positions > query - op.attrs["window"]
     scores = np.where(visible, scores, -np.inf)
+    if sinks is not None:  # a last logit per head, in the denominator only: it weighs no value
+        sink = np.broadcast_to(sinks.astype(np.float32)[None, None, :, None], (*scores.shape[:3], 1))
+        scores = np.concatenate((scores, sink), axis=-1)
     weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    weights /= weights.sum(axis=-1, keepdims=True)
+    weights = (weights / weights.sum(axis=-1, keepdims=True))[..., :values.shape[2]]
     out = np.einsum("rthp,rhpd->rthd", weights, values)
     return out.astype(act).reshape(r, t, heads * d)
+
+
+def moe(op: Op, act: type, x: np.ndarray, router: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
+        *biases: np.ndarray) -> np.ndarray:
+    """Each token's top_k experts (ties: the lower index), their weights, and the weighted sum of their
+    outputs, expert by expert in ascending order, each expert run once on the tokens that chose it."""
+    attrs = op.attrs
+    router_bias = biases[0] if attrs.get("router_bias") else None
+    expert_biases = biases[-3:] if attrs.get("expert_bias") else None
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = linear(op, act, tokens, router, router_bias).astype(np.float32)
+    k = attrs["top_k"]
+    if attrs["gating"] == "softmax_topk":
+        probs = _softmax(logits)
+        chosen = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+        weights = np.take_along_axis(probs, chosen, axis=-1)
+        if attrs.get("normalize"):
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+    else:  # topk_softmax
+        chosen = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+        weights = _softmax(np.take_along_axis(logits, chosen, axis=-1))
+    weights = weights.astype(act)
+    out = np.zeros_like(tokens)
+    for e in np.unique(chosen):  # ascending
+        rows, slots = np.nonzero(chosen == e)
+        h = tokens[rows]
+        b = (None, None, None) if expert_biases is None else tuple(bias[e] for bias in expert_biases)
+        g, u = linear(op, act, h, gate[e], b[0]), linear(op, act, h, up[e], b[1])
+        if attrs["activation"] == "swiglu":
+            a = g / (1 + np.exp(-g)) * u
+        else:  # clamped_swiglu
+            alpha, limit = np.float32(attrs["alpha"]), np.float32(attrs["limit"])
+            g, u = np.minimum(g, limit), np.clip(u, -limit, limit)
+            a = g / (1 + np.exp(-alpha * g)) * (u + 1)
+        out[rows] += linear(op, act, a, down[e], b[2]) * weights[rows, slots, None]
+    return out.reshape(x.shape)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def rms_linear(op: Op, act: type, x: np.ndarray, w: np.ndarray, *rest: np.ndarray) -> np.ndarray:
@@ -198,4 +253,5 @@ OPS: dict[str, Callable] = {
     "cast": lambda op, act, x: x.astype(DTYPES[op.attrs["dtype"]]),
     "norm_linear": lambda op, act, x, n, w, *b: linear(op, act, rms_norm(op, act, x, n), w, *b),
     "rms_linear": rms_linear,
+    "moe": moe,
 }

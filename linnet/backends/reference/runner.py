@@ -28,12 +28,14 @@ class NumpyRunner(Runner):
         start = time.perf_counter()
         self.name = f"reference:{mode}"
         spec = weights.spec
-        self.program = build_program(spec, dtype)  # no passes: each op as the Program defines it
+        # no passes but the rings: each op as the Program defines it
+        self.program = self._with_rings(build_program(spec, dtype))
         self.weights = plan_weights(weights, WeightPlan.of(self.program))
         positions = cache.positions + 1  # and the scratch position
-        shape = (cache.rows, spec.num_kv_heads, positions, spec.head_dim)
-        self.cache_k = [np.zeros(shape, np.float32) for _ in range(spec.num_layers)]
-        self.cache_v = [np.zeros(shape, np.float32) for _ in range(spec.num_layers)]
+        shapes = [(cache.rows, spec.num_kv_heads, self.program.cache_slots(kind, cache.positions), spec.head_dim)
+                  for kind in self.program.layer_kinds]
+        self.cache_k = [np.zeros(shape, np.float32) for shape in shapes]
+        self.cache_v = [np.zeros(shape, np.float32) for shape in shapes]
         self.rope_cos, self.rope_sin = rope_tables(spec, positions)
         self.load_time = weights.load_time + time.perf_counter() - start
 

@@ -109,7 +109,7 @@ class TorchRunner(Runner):
         self.name = f"torch:{mode}"
         self.mode, self.dtype = mode, dtype
         self.device = torch.device(device or default_device(mode))
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and cache.chunk is None:
             # A CPU product of 16-bit weights widens each matrix once per call: a 512-token prompt of
             # Qwen2.5-0.5B's shapes in f16 took 1683 ms in two chunks, 1497 in one (f32: 1651, 1605).
             self.prefill_chunk = 512
@@ -123,16 +123,17 @@ class TorchRunner(Runner):
         if quantize != "none" and self.device.type != "cpu":
             raise LinnetError(f"--quantize {quantize}: weights in blocks run on the CPU only, "
                               f"not on {self.device.type}")
-        program = torch_program(weights.spec, self.act, dtype, quantize, weights)
+        # the real positions, bucketed, and the scratch one: a compiled step is built for one cache length,
+        # so nearby lengths (another --max-new-tokens) share it
+        bucketed = -(-cache.positions // CACHE_BUCKET) * CACHE_BUCKET
+        program = self._with_rings(torch_program(weights.spec, self.act, dtype, quantize, weights), scratch=bucketed)
         self.quantized = sorted({form for _, _, form in program.quantized})
         self.source = generate_source(program)
         module = load_generated_module(self.source)
         blocks = block_names(program.quantized, program.spec.num_layers)
         tensors = {name: module.Blocks(blocks[name], t) if name in blocks else t.to(self.device)
                    for name, t in torch_weights(weights, program).items()}
-        # the real positions, bucketed, and the scratch one: a compiled step is built for one cache length,
-        # so nearby lengths (another --max-new-tokens) share it
-        cos, sin = rope_tables(weights.spec, -(-cache.positions // CACHE_BUCKET) * CACHE_BUCKET + 1)
+        cos, sin = rope_tables(weights.spec, bucketed + 1)
         self.model = module.Model(tensors, torch.from_numpy(cos), torch.from_numpy(sin), cache.rows,
                                   TORCH_DTYPES[self.act])
         self._prefill_fn, self._decode_fn = self.model, self.model

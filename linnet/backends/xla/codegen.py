@@ -17,6 +17,7 @@ NATIVE_OPS = frozenset({
     "scale", "shift", "tanh", "rsqrt", "mean", "activation",  # primitives
     "rms_norm", "rotary", "attention", "rms_linear",  # kernels
     "swiglu", "softcap", "layer_norm", "norm_linear",  # composites: a line or a helper each
+    "moe",  # a kernel with no decomposition: the helper `moe` (_MOE)
 })
 
 _PREAMBLE = '''\
@@ -38,7 +39,7 @@ function. Jit it with the caches donated and XLA updates them in place:
 
 It compiles once per shape of `tokens`/`select`. `sample` draws the next token on the device, so only
 the ids leave it. The rotary tables are float32 [POSITIONS, ROTARY_DIM], as Linnet's
-`linnet.rope.rope_tables` computes them.{kinds}
+`linnet.rope.rope_tables` computes them.{kinds}{rings}
 """
 import jax
 import jax.numpy as jnp
@@ -90,9 +91,10 @@ def cache_write(cache: jax.Array, rows: jax.Array, positions: jax.Array, value: 
 
 
 def attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, rows: jax.Array, mask: jax.Array, scale: float,
-              softcap: float | None = None) -> jax.Array:
+              softcap: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
     """q [R, T, HEADS, D] against the rows' cache, in float32; mask [R, T, POSITIONS]. A softcap bends the
-    scores into (-softcap, softcap) before the mask."""
+    scores into (-softcap, softcap) before the mask. Sinks [HEADS]: one more logit in each head's softmax,
+    which weighs no value."""
     r, t = q.shape[:2]
     keys, values = cache_k[rows].astype(jnp.float32), cache_v[rows].astype(jnp.float32)
     grouped = q.reshape(r, t, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM).astype(jnp.float32)
@@ -102,7 +104,12 @@ def attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, rows: jax.Ar
     if softcap is not None:
         scores = softcap * jnp.tanh(scores / softcap)
     scores = jnp.where(mask[:, None, :, None, :], scores, -jnp.inf)
-    out = jnp.einsum("rktgp,rkpd->rtkgd", jax.nn.softmax(scores, axis=-1), values)
+    if sinks is None:
+        probs = jax.nn.softmax(scores, axis=-1)
+    else:  # the sink's column, dropped after the softmax
+        sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, KV_HEADS, 1, -1, 1), (*scores.shape[:-1], 1))
+        probs = jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[..., :-1]
+    out = jnp.einsum("rktgp,rkpd->rtkgd", probs, values)
     return out.astype(q.dtype).reshape(r, t, HEADS * HEAD_DIM)
 
 
@@ -128,7 +135,7 @@ def step(weights, cache_k, cache_v, rope_cos, rope_sin, tokens, positions, rows,
     act = weights["embed"].dtype
     cos = rope_cos[positions][:, :, None].astype(act)
     sin = rope_sin[positions][:, :, None].astype(act)
-    mask = jnp.arange(cache_k[0].shape[2]) <= positions[..., None]
+    mask = jnp.arange(cache_k[{full_layer}].shape[2]) <= positions[..., None]
     w = weights
 {embed_body}
     cache_k, cache_v = list(cache_k), list(cache_v)
@@ -162,8 +169,84 @@ def sample(logits, temperature, top_k, top_p, keys):
 '''
 
 
+# The sparse mixture of experts (the Program's `moe`): a loop over the experts the step's tokens chose.
+_MOE = '''def moe(x: jax.Array, router: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array, *biases: jax.Array,
+        top_k: int, gating: str, activation: str, normalize: bool = False, alpha: float | None = None,
+        limit: float | None = None, router_bias: bool = False, expert_bias: bool = False) -> jax.Array:
+    """A mixture of experts on x [R, T, D]: router [E, D]; each expert's gate and up [E, F, D] and down
+    [E, D, F]; after them the router's bias, then the experts' gate, up and down biases, as the flags say.
+    Each token picks its top_k experts (equal scores: the lower index first): by a softmax over every
+    expert's logit ("softmax_topk", with normalize the picks' weights divided by their sum), or by logit,
+    weighted by a softmax over the picks' ("topk_softmax").
+
+    The picks are sorted by expert, and a loop visits the experts some token chose, in ascending order:
+    each reads its own matrices once (the others are never read) and runs them on its tokens, a tile at
+    a time (the shapes are fixed: a tile's places past the expert's tokens write nowhere), adding its
+    output times each token's weight to the token's sum."""
+    experts, width = router.shape
+    tokens = x.reshape(-1, width)
+    n = tokens.shape[0]
+    logits = linear(tokens, router, biases[0] if router_bias else None).astype(jnp.float32)
+    weights, chosen = jax.lax.top_k(jax.nn.softmax(logits) if gating == "softmax_topk" else logits, top_k)
+    if gating == "topk_softmax":
+        weights = jax.nn.softmax(weights)
+    elif normalize:
+        weights = weights / weights.sum(-1, keepdims=True)
+    chosen, weights = chosen.reshape(-1), weights.astype(x.dtype).reshape(-1)  # the picks, token by token
+    picks = chosen.shape[0]
+    order = jnp.argsort(chosen, stable=True)  # the picks by expert, each expert's in token order
+    ids = jnp.arange(experts)
+    counts = jnp.sum(chosen == ids[:, None], axis=1)  # each expert's picks, and where they start in `order`
+    starts = jnp.sum(chosen < ids[:, None], axis=1)
+    tile = -(-picks // experts)  # an expert's picks on average: at most twice the work of no tiles
+    gate_b, up_b, down_b = biases[-3:] if expert_bias else (None, None, None)
+
+    def next_expert(e):
+        """The lowest expert above e that some token chose; `experts` when none is left."""
+        return jnp.min(jnp.where((counts > 0) & (ids > e), ids, experts))
+
+    def run_expert(state):
+        e, out = state
+        w_gate, w_up, w_down = gate[e], up[e], down[e]
+        b_gate, b_up, b_down = (None if b is None else b[e] for b in (gate_b, up_b, down_b))
+
+        def run_tile(i, out):
+            at = i * tile + jnp.arange(tile)  # places among e's picks
+            pick = order[jnp.minimum(starts[e] + at, picks - 1)]
+            token = jnp.where(at < counts[e], pick // top_k, n)  # n: past the end, a write dropped
+            h = jnp.take(tokens, token, axis=0, mode="clip")
+            g, u = linear(h, w_gate, b_gate), linear(h, w_up, b_up)
+            if activation == "swiglu":
+                a = jax.nn.silu(g) * u
+            else:  # clamped_swiglu: the gate clamped above, up on both sides
+                g, u = jnp.minimum(g, limit), jnp.clip(u, -limit, limit)
+                a = g * jax.nn.sigmoid(alpha * g) * (u + 1)
+            return out.at[token].add(linear(a, w_down, b_down) * weights[pick][:, None], mode="drop")
+
+        return next_expert(e), jax.lax.fori_loop(0, -(-counts[e] // tile), run_tile, out)
+
+    _, out = jax.lax.while_loop(lambda state: state[0] < experts, run_expert,
+                                (next_expert(-1), jnp.zeros_like(tokens)))
+    return out.reshape(x.shape)
+'''
+
+
 # Helpers written into the source only where a program uses them, keyed by what needs them.
 _HELPERS = {
+    "ring": '''def ring_slots(positions: jax.Array, slots: int, scratch: int) -> jax.Array:
+    """Where each position is written in a ring cache of `slots`: p mod slots; the scratch position in the
+    slot after them."""
+    return jnp.where(positions == scratch, slots, positions % slots)
+
+
+def ring_mask(positions: jax.Array, slots: int, window: int) -> jax.Array:
+    """[R, T, slots + 1]: the slots of a ring cache each query sees. Slot s holds the key (q - s) mod slots
+    positions before the query's q: seen within the window, and where that is no earlier than position 0;
+    the scratch slot never."""
+    slot = jnp.arange(slots + 1)
+    age = (positions[..., None] - slot) % slots
+    return (slot < slots) & (age < window) & (age <= positions[..., None])
+''',
     "window": '''def windowed(mask: jax.Array, positions: jax.Array, window: int) -> jax.Array:
     """mask narrowed to a sliding window: the last `window` positions up to each query's own."""
     return mask & (jnp.arange(mask.shape[-1]) > positions[..., None] - window)
@@ -175,10 +258,11 @@ _HELPERS = {
     scale = jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + eps)
     return (centred * scale * w.astype(jnp.float32) + b.astype(jnp.float32)).astype(x.dtype)
 ''',
+    "moe": _MOE,
 }
 _ACTIVATIONS = {"silu": "jax.nn.silu({})", "gelu": "jax.nn.gelu({}, approximate=False)",
                 "gelu_tanh": "jax.nn.gelu({}, approximate=True)"}
-_ATTENTION_ATTRS = {"scale", "softcap", "window"}
+_ATTENTION_ATTRS = {"scale", "softcap", "window", "ring", "sinks"}
 
 
 def emit_op(op: Op, types: dict[str, Value]) -> str:
@@ -216,15 +300,23 @@ def emit_op(op: Op, types: dict[str, Value]) -> str:
         return f"{out} = rotary({names[0]}, cos[..., {start}:{start + width}], sin[..., {start}:{start + width}])"
     if op.kind == "cache_write":
         cache, rows, positions, value = names
+        if "ring" in op.attrs:  # XLA computes each ring's slots once for every layer that keeps it
+            positions = f"ring_slots({positions}, {op.attrs['ring']}, {op.attrs['scratch']})"
         return f"{out} = cache_write({cache}, {rows}, {positions}, {value})"
     if op.kind == "attention":
         unknown = sorted(set(op.attrs) - _ATTENTION_ATTRS)
         if unknown:
             raise LinnetError(f"the xla:jax backend has no attention attribute {', '.join(unknown)} (op {op})")
-        q, cache_k, cache_v, rows, positions = names
-        mask = f"windowed(mask, {positions}, {op.attrs['window']})" if "window" in op.attrs else "mask"
+        q, cache_k, cache_v, rows, positions = names[:5]
+        if "ring" in op.attrs:
+            mask = f"ring_mask({positions}, {op.attrs['ring']}, {op.attrs['window']})"
+        else:
+            mask = f"windowed(mask, {positions}, {op.attrs['window']})" if "window" in op.attrs else "mask"
         softcap = f", softcap={op.attrs['softcap']!r}" if "softcap" in op.attrs else ""
-        return f"{out} = attention({q}, {cache_k}, {cache_v}, {rows}, {mask}, {op.attrs['scale']!r}{softcap})"
+        sinks = f", sinks={names[5]}" if op.attrs.get("sinks") else ""
+        return f"{out} = attention({q}, {cache_k}, {cache_v}, {rows}, {mask}, {op.attrs['scale']!r}{softcap}{sinks})"
+    if op.kind == "moe":
+        return f"{out} = moe({args}, {', '.join(f'{k}={v!r}' for k, v in op.attrs.items())})"
     if op.kind == "split":
         cuts = [sum(op.attrs["sizes"][:n]) for n in range(1, len(op.attrs["sizes"]))]
         return f"{out} = jnp.split({args}, {cuts}, axis=-1)"
@@ -314,8 +406,10 @@ def generate_source(program: Program) -> str:
         f"\n\nLayers come in {len(program.kinds)} kinds ({', '.join(program.kinds)}), each its own function; "
         "`LAYER_KINDS` gives\neach layer's.")
     ops = [op for section in program.sections().values() for op in section.ops]
-    used = {"window": any(op.kind == "attention" and "window" in op.attrs for op in ops),
-            "layer_norm": any(op.kind == "layer_norm" for op in ops)}
+    rings = [program.ring(kind) for kind in program.layer_kinds]
+    used = {"ring": any(rings),
+            "window": any(op.kind == "attention" and "window" in op.attrs and "ring" not in op.attrs for op in ops),
+            "layer_norm": any(op.kind == "layer_norm" for op in ops), "moe": any(op.kind == "moe" for op in ops)}
     layers, layer_call = _layers(program, types)
     (embedded,) = program.embed.results
     return _PREAMBLE.format(
@@ -324,6 +418,10 @@ def generate_source(program: Program) -> str:
         dims=dims,
         fusions=fusions,
         kinds=kinds,
+        rings="\n\nA sliding layer's cache is a ring of N slots (its window plus the longest prompt chunk, less one):\n"
+        "position p at slot p mod N, the scratch position at slot N (`ring_slots`), which no query sees."
+        if any(rings) else "",
+        full_layer=next((i for i, ring in enumerate(rings) if ring is None), 0),  # the causal mask's length
         num_layers=spec.num_layers,
         num_heads=spec.num_heads,
         num_kv_heads=spec.num_kv_heads,

@@ -33,7 +33,11 @@ def stacked_weights(weights: Weights, program: Program) -> dict[str, np.ndarray]
         arrays = plan_weights(weights, plan)
         out = {name: a for name, a in arrays.items() if not name.startswith("layers.")}
         for name in {n.split(".", 2)[2] for n in arrays if n.startswith("layers.")}:
-            out[f"layers.{name}"] = np.stack([arrays[f"layers.{i}.{name}"] for i in range(layers)])
+            parts = {i: arrays[f"layers.{i}.{name}"] for i in range(layers) if f"layers.{i}.{name}" in arrays}
+            if len(parts) == layers:
+                out[f"layers.{name}"] = np.stack(list(parts.values()))
+            else:  # a weight some layers lack (dense layers among sparse ones): kept per layer
+                out.update({f"layers.{i}.{name}": a for i, a in parts.items()})
         return out
 
     key = f"stacked {plan!r} by {code_identity(sys.modules[__name__])}"
@@ -42,8 +46,17 @@ def stacked_weights(weights: Weights, program: Program) -> dict[str, np.ndarray]
 
 def as_tree(flat: dict[str, np.ndarray], layers: int) -> dict[str, object]:
     """``{"embed": .., "layers": [{"qkv": ..}, ..]}``: the pytree the generated ``step`` takes, each
-    layer's weights a view of its part of the stacked arrays."""
+    layer's weights a view of its part of the stacked arrays (or its own, ``layers.<i>.<name>``)."""
     tree: dict[str, object] = {name: a for name, a in flat.items() if not name.startswith("layers.")}
-    tree["layers"] = [{name.removeprefix("layers."): a[i] for name, a in flat.items() if name.startswith("layers.")}
-                      for i in range(layers)]
+    per_layer: list[dict[str, np.ndarray]] = [{} for _ in range(layers)]
+    for name, a in flat.items():
+        index, _, own = name.removeprefix("layers.").partition(".")
+        if not name.startswith("layers."):
+            continue
+        if index.isdigit():
+            per_layer[int(index)][own] = a
+        else:
+            for i in range(layers):
+                per_layer[i][index] = a[i]
+    tree["layers"] = per_layer
     return tree

@@ -129,23 +129,22 @@ class JaxRunner(XlaRunner):
         start = time.perf_counter()
         spec = weights.spec
         self.devices = devices
-        program = xla_program(spec, dtype, sharded=devices > 1)
+        program = self._with_rings(xla_program(spec, dtype, sharded=devices > 1))
         self.source = generate_source(program)
         module = load_generated_module(self.source)
         tree = as_tree(stacked_weights(weights, program), spec.num_layers)
-        shape = (cache.rows, spec.num_kv_heads, self.positions, spec.head_dim)
-        zeros = np.zeros(shape, DTYPES[dtype].numpy)
+        zeros = [np.zeros((cache.rows, spec.num_kv_heads, program.cache_slots(kind, cache.positions), spec.head_dim),
+                          DTYPES[dtype].numpy) for kind in program.layer_kinds]
         cos, sin = rope_tables(spec, self.positions)
         if devices == 1:
             self.weights = jax.device_put(tree)
-            self.cache_k, self.cache_v = ([jax.device_put(zeros) for _ in range(spec.num_layers)] for _ in "kv")
+            self.cache_k, self.cache_v = ([jax.device_put(layer) for layer in zeros] for _ in "kv")
             self.rope = jax.device_put(cos), jax.device_put(sin)
             self._step = jax.jit(module.step, donate_argnames=("cache_k", "cache_v"))
         else:
             sharding = Sharding(spec, devices)
             self.weights = sharding.put(tree)
-            self.cache_k, self.cache_v = ([jax.device_put(zeros, sharding.cache) for _ in range(spec.num_layers)]
-                                          for _ in "kv")
+            self.cache_k, self.cache_v = ([jax.device_put(layer, sharding.cache) for layer in zeros] for _ in "kv")
             self.rope = tuple(jax.device_put(t, sharding.replicated) for t in (cos, sin))
             caches = [sharding.cache] * spec.num_layers
             out = (sharding.replicated, caches, caches)

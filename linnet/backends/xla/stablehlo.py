@@ -13,6 +13,7 @@ lowers, and its own value's name, which XLA's errors name. Each layer is its kin
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from linnet.errors import LinnetError
@@ -24,8 +25,9 @@ NATIVE_OPS = frozenset({
     "scale", "shift", "tanh", "rsqrt", "mean", "activation",  # primitives
     "rms_norm", "rotary", "attention", "rms_linear",  # kernels
     "swiglu", "softcap", "norm_linear",  # composites with a form shorter than their decompositions
+    "moe",  # a kernel with no decomposition (``op_moe``)
 })
-_ATTENTION_ATTRS = {"scale", "softcap", "window"}
+_ATTENTION_ATTRS = {"scale", "softcap", "window", "ring", "sinks"}
 
 _TYPES = {"f32": "f32", "f16": "f16", "bf16": "bf16", "i32": "i32", "i1": "i1"}
 
@@ -59,11 +61,12 @@ class Sizes:
 def arguments(program: Program, sizes: Sizes) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape, dtype) of each argument of ``main``, in order: the calling convention."""
     spec, act = program.spec, program.dtype
-    cache = (sizes.ROWS, spec.num_kv_heads, sizes.P, spec.head_dim)
+    rings = [program.ring(kind) for kind in program.layer_kinds]
+    caches = [(sizes.ROWS, spec.num_kv_heads, sizes.P if ring is None else ring + 1, spec.head_dim) for ring in rings]
     args = [("tokens", (sizes.R, sizes.T), "i32"), ("positions", (sizes.R, sizes.T), "i32"),
             ("rows", (sizes.R,), "i32"), ("select", (sizes.R, sizes.S), "i32")]
-    args += [(f"cache_k.{i}", cache, act) for i in range(spec.num_layers)]
-    args += [(f"cache_v.{i}", cache, act) for i in range(spec.num_layers)]
+    args += [(f"cache_k.{i}", cache, act) for i, cache in enumerate(caches)]
+    args += [(f"cache_v.{i}", cache, act) for i, cache in enumerate(caches)]
     args += [(f"rope_{t}", (sizes.P, spec.rotary_dim * spec.rope_table_count), "f32") for t in ("cos", "sin")]
     return args + [(name, shape, act) for name, shape in weight_shapes(program)]
 
@@ -99,6 +102,7 @@ class _Emitter:
         self.loc = "step"
         self.rope: tuple[V, V] | None = None
         self.rope_tables: dict[int, tuple[V, ...]] = {}  # each rotary table's columns of ``rope``
+        self.shared: dict[tuple, V] = {}  # per-step values every layer of a ring reuses (its slots, its mask)
 
     # -- the module --------------------------------------------------------------------------------
     def module(self, name: str) -> str:
@@ -286,6 +290,8 @@ class _Emitter:
         return self.binary("add", self.binary("multiply", x, c), self.binary("multiply", rotated, s))
 
     def op_cache_write(self, op: Op, cache: V, rows: V, positions: V, value: V) -> V:
+        if "ring" in op.attrs:
+            positions = self.ring_slots(positions, op.attrs["ring"], op.attrs["scratch"])
         r, t = positions.shape
         row = self.broadcast(rows, (r, t, 1), [0])
         indices = self.concat_last([row, self.reshape(positions, (r, t, 1))])
@@ -299,7 +305,7 @@ class _Emitter:
             f"      stablehlo.return %new{self.count} : {tensor_type((), cache.dtype)}\n"
             f"    }}) : ({cache.type}, {indices.type}, {value.type}) -> {cache.type}", cache.shape, cache.dtype)
 
-    def op_attention(self, op: Op, q: V, cache_k: V, cache_v: V, rows: V, positions: V) -> V:
+    def op_attention(self, op: Op, q: V, cache_k: V, cache_v: V, rows: V, positions: V, sinks: V | None = None) -> V:
         unknown = sorted(set(op.attrs) - _ATTENTION_ATTRS)
         if unknown:
             raise LinnetError(f"the xla:stablehlo backend has no attention attribute {', '.join(unknown)} (op {op})")
@@ -317,20 +323,60 @@ class _Emitter:
         key_positions = self.emit(f"stablehlo.iota dim = 0 : {tensor_type((p,), 'i32')}", (p,), "i32")
         key_positions = self.broadcast(key_positions, shape, [4])
         query_positions = self.broadcast(positions, shape, [0, 2])
-        visible = self.compare("LE", key_positions, query_positions, "SIGNED")
-        if "window" in op.attrs:  # and p > t - window
+        if "ring" in op.attrs:
+            visible = self.ring_visible(key_positions, query_positions, op.attrs["ring"], op.attrs["window"])
+        else:
+            visible = self.compare("LE", key_positions, query_positions, "SIGNED")
+        if "window" in op.attrs and "ring" not in op.attrs:  # and p > t - window
             oldest = self.binary("subtract", query_positions, self.const(op.attrs["window"], "i32", shape))
             visible = self.binary("and", visible, self.compare("GT", key_positions, oldest, "SIGNED"))
         masked = self.emit(f"stablehlo.select {visible.name}, {scores.name}, "
                            f"{self.const(float('-inf'), 'f32', shape).name} : {visible.type}, {scores.type}",
                            shape, "f32")
-        peak = self.leading(self.reduce("maximum", masked, float("-inf")), shape)
-        weights = self.unary("exponential", self.binary("subtract", masked, peak))
-        weights = self.binary("divide", weights, self.leading(self.reduce("add", weights, 0.0), shape))
+        if sinks is not None:  # each head's sink: one more logit, a column that weighs no value
+            sink = self.broadcast(self.convert(self.reshape(sinks, (kv, g)), "f32"), (r, kv, t, g, 1), [1, 3])
+            masked = self.concat_last([masked, sink])
+        weights = self.softmax(masked)
+        if sinks is not None:
+            weights = self.slice_last(weights, 0, p)
         out = self.dot(weights, values, ([0, 1], [0, 1]), ([4], [2]), (r, kv, t, g, d), "f32")
         out = self.emit(f"stablehlo.transpose {out.name}, dims = [0, 2, 1, 3, 4] : ({out.type}) -> "
                         f"{tensor_type((r, t, kv, g, d), 'f32')}", (r, t, kv, g, d), "f32")
         return self.reshape(self.convert(out, self.act), (r, t, heads * d))
+
+    def softmax(self, x: V) -> V:
+        """Over the last axis."""
+        peak = self.leading(self.reduce("maximum", x, float("-inf")), x.shape)
+        weights = self.unary("exponential", self.binary("subtract", x, peak))
+        return self.binary("divide", weights, self.leading(self.reduce("add", weights, 0.0), x.shape))
+
+    def ring_slots(self, positions: V, ring: int, scratch: int) -> V:
+        """Where each position is written in a ring cache: p mod ring, the scratch position at slot ring."""
+        def build() -> V:
+            shape = positions.shape
+            wrapped = self.binary("remainder", positions, self.const(ring, "i32", shape))
+            scratched = self.compare("EQ", positions, self.const(scratch, "i32", shape), "SIGNED")
+            last = self.const(ring, "i32", shape)
+            return self.emit(f"stablehlo.select {scratched.name}, {last.name}, {wrapped.name} : {scratched.type}, "
+                             f"{wrapped.type}", shape, "i32")
+        return self._once(("slots", ring, scratch), build)
+
+    def ring_visible(self, slots: V, queries: V, ring: int, window: int) -> V:
+        """Which slots of a ring the queries see: slot s < ring holds the key age = (q - s) mod ring back,
+        seen where age < window and age <= q (q - s + ring is never negative: remainder's sign is moot)."""
+        def build() -> V:
+            shape = slots.shape
+            size = self.const(ring, "i32", shape)
+            age = self.binary("remainder", self.binary("add", self.binary("subtract", queries, slots), size), size)
+            visible = self.compare("LT", slots, size, "SIGNED")
+            visible = self.binary("and", visible, self.compare("LT", age, self.const(window, "i32", shape), "SIGNED"))
+            return self.binary("and", visible, self.compare("LE", age, queries, "SIGNED"))
+        return self._once(("visible", ring, window, slots.shape), build)
+
+    def _once(self, key: tuple, build) -> V:
+        if key not in self.shared:
+            self.shared[key] = build()
+        return self.shared[key]
 
     def op_swiglu(self, op: Op, gate: V, up: V) -> V:
         return self.binary("multiply", self.binary("multiply", gate, self.unary("logistic", gate)), up)
@@ -405,3 +451,167 @@ class _Emitter:
 
     def op_cast(self, op: Op, x: V) -> V:
         return self.convert(x, op.attrs["dtype"])
+
+    # -- the mixture of experts: a loop over the experts the step's tokens chose ---------------------------
+    def op_moe(self, op: Op, x: V, router: V, gate: V, up: V, down: V, *biases: V) -> V:
+        """The Program's ``moe``, sparse: each token's top_k picks, sorted by expert; a loop visits the
+        experts some token chose in ascending order, each slicing its own matrices out of the stacks once
+        (the others are never read) and running them on its tokens a tile at a time, adding its output
+        times each token's weight to the token's sum (a tile's places past the expert's tokens scatter out
+        of bounds, which XLA skips)."""
+        attrs = op.attrs
+        experts, width = router.shape
+        k = attrs["top_k"]
+        tokens = self.reshape(x, (math.prod(x.shape[:-1]), width))
+        n = tokens.shape[0]
+        logits = self.op_linear(op, tokens, router, *biases[:1] if attrs.get("router_bias") else ())
+        scores = self.convert(logits, "f32")
+        if attrs["gating"] == "softmax_topk":
+            scores = self.softmax(scores)
+        top = self.top_k(scores, k)
+        weights = self.softmax(top[0]) if attrs["gating"] == "topk_softmax" else top[0]
+        if attrs.get("normalize"):
+            weights = self.binary("divide", weights, self.leading(self.reduce("add", weights, 0.0), weights.shape))
+        picks = n * k
+        chosen = self.reshape(top[1], (picks,))  # the picks, token by token
+        weights = self.reshape(self.convert(weights, self.act), (picks,))
+        order = self.sort_by(chosen)  # the picks by expert, each expert's in token order
+        ids = self.iota((experts,))
+        grid = (experts, picks)
+        by_expert = self.broadcast(chosen, grid, [1]), self.broadcast(ids, grid, [0])
+        counts = self.count_true(self.compare("EQ", *by_expert, "SIGNED"))  # each expert's picks
+        starts = self.count_true(self.compare("LT", *by_expert, "SIGNED"))  # where they start in `order`
+        tile = -(-picks // experts)  # an expert's picks on average: at most twice the work of no tiles
+        expert_biases = biases[-3:] if attrs.get("expert_bias") else (None, None, None)
+
+        def linear(h: V, w: V, b: V | None) -> V:
+            return self.op_linear(op, h, w, *([] if b is None else [b]))
+
+        def next_expert(e: V) -> V:
+            """The lowest expert above e that some token chose; ``experts`` when none is left."""
+            later = self.binary("and", self.compare("GT", counts, self.const(0, "i32", (experts,)), "SIGNED"),
+                                self.compare("GT", ids, self.broadcast(e, (experts,), []), "SIGNED"))
+            return self.reduce("minimum", self.select(later, ids, self.const(experts, "i32", (experts,))), experts)
+
+        def run_expert(state: list[V]) -> list[V]:
+            e, out = state
+            w_gate, w_up, w_down = (self.expert_slice(m, e) for m in (gate, up, down))
+            b_gate, b_up, b_down = (None if b is None else self.expert_slice(b, e) for b in expert_biases)
+            count, start = self.expert_slice(counts, e), self.expert_slice(starts, e)
+            tiles = self.binary("divide", self.binary("add", count, self.const(tile - 1, "i32")), self.const(tile, "i32"))
+
+            def run_tile(state: list[V]) -> list[V]:
+                i, out = state
+                at = self.binary("add", self.broadcast(self.binary("multiply", i, self.const(tile, "i32")), (tile,), []),
+                                 self.iota((tile,)))  # places among e's picks
+                index = self.binary("minimum", self.binary("add", self.broadcast(start, (tile,), []), at),
+                                    self.const(picks - 1, "i32", (tile,)))
+                pick = self.gather_rows(order, index)
+                token = self.select(self.compare("LT", at, self.broadcast(count, (tile,), []), "SIGNED"),
+                                    self.binary("divide", pick, self.const(k, "i32", (tile,))),
+                                    self.const(n, "i32", (tile,)))  # n: past the end, an update skipped
+                h = self.gather_rows(tokens, self.binary("minimum", token, self.const(n - 1, "i32", (tile,))))
+                y = linear(self.expert_activation(attrs, linear(h, w_gate, b_gate), linear(h, w_up, b_up)), w_down, b_down)
+                y = self.binary("multiply", y, self.leading(self.gather_rows(weights, pick), y.shape))
+                return [self.binary("add", i, self.const(1, "i32")), self.scatter_add_rows(out, token, y)]
+
+            _, out = self.while_loop([self.const(0, "i32"), out],
+                                     lambda state: self.compare("LT", state[0], tiles, "SIGNED"), run_tile)
+            return [next_expert(e), out]
+
+        zeros = self.const(0.0, self.act, tokens.shape)
+        _, out = self.while_loop([next_expert(self.const(-1, "i32")), zeros],
+                                 lambda state: self.compare("LT", state[0], self.const(experts, "i32"), "SIGNED"),
+                                 run_expert)
+        return self.reshape(out, x.shape)
+
+    def expert_activation(self, attrs: dict, g: V, u: V) -> V:
+        """silu(g) * u ("swiglu"), or gpt-oss's clamped form: g' * sigmoid(alpha g') * (u' + 1), with g'
+        clamped above at limit and u' to [-limit, limit] ("clamped_swiglu")."""
+        if attrs["activation"] == "swiglu":
+            return self.binary("multiply", self.binary("multiply", g, self.unary("logistic", g)), u)
+        limit = self.const(attrs["limit"], g.dtype, g.shape)
+        g = self.binary("minimum", g, limit)
+        u = self.binary("maximum", self.binary("minimum", u, limit), self.unary("negate", limit))
+        gated = self.binary("multiply", g, self.unary("logistic", self.binary(
+            "multiply", g, self.const(attrs["alpha"], g.dtype, g.shape))))
+        return self.binary("multiply", gated, self.binary("add", u, self.const(1.0, u.dtype, u.shape)))
+
+    def iota(self, shape: tuple[int, ...]) -> V:
+        return self.emit(f"stablehlo.iota dim = 0 : {tensor_type(shape, 'i32')}", shape, "i32")
+
+    def select(self, which: V, a: V, b: V) -> V:
+        return self.emit(f"stablehlo.select {which.name}, {a.name}, {b.name} : {which.type}, {a.type}", a.shape, a.dtype)
+
+    def count_true(self, x: V) -> V:
+        """Over the last axis: how many are true."""
+        return self.reduce("add", self.convert(x, "i32"), 0)
+
+    def top_k(self, x: V, k: int) -> tuple[V, V]:
+        """The k largest along the last axis, and their indices (equal values: the lower index first)."""
+        shape = (*x.shape[:-1], k)
+        self.count += 1
+        name = f"%v{self.count}"
+        self.lines.append(f'{name}:2 = chlo.top_k({x.name}, k = {k}) : {x.type} -> ({tensor_type(shape, x.dtype)}, '
+                          f'{tensor_type(shape, "i32")}) loc("{self.loc} ({name})")')
+        return V(f"{name}#0", shape, x.dtype), V(f"{name}#1", shape, "i32")
+
+    def sort_by(self, keys: V) -> V:
+        """The indices that sort 1-D ``keys`` ascending, in a stable sort (equal keys keep their order)."""
+        index = self.iota(keys.shape)
+        self.count += 1
+        name, scalar = f"%v{self.count}", tensor_type((), keys.dtype)
+        self.lines.append(
+            f'{name}:2 = "stablehlo.sort"({keys.name}, {index.name}) <{{dimension = 0 : i64, is_stable = true}}> ({{\n'
+            f"      ^bb0(%a{self.count}: {scalar}, %b{self.count}: {scalar}, %i{self.count}: {scalar}, "
+            f"%j{self.count}: {scalar}):\n"
+            f"        %lt{self.count} = stablehlo.compare LT, %a{self.count}, %b{self.count}, SIGNED : "
+            f"({scalar}, {scalar}) -> tensor<i1>\n"
+            f"        stablehlo.return %lt{self.count} : tensor<i1>\n"
+            f"    }}) : ({keys.type}, {index.type}) -> ({keys.type}, {index.type}) loc(\"{self.loc} ({name})\")")
+        return V(f"{name}#1", keys.shape, "i32")
+
+    def expert_slice(self, stack: V, e: V) -> V:
+        """stack[e]: expert e's part of a stack, read alone (a dynamic slice)."""
+        zero = self.const(0, "i32")
+        sliced = self.emit(f"stablehlo.dynamic_slice {stack.name}, {e.name}{f', {zero.name}' * (len(stack.shape) - 1)}, "
+                           f"sizes = [1{''.join(f', {n}' for n in stack.shape[1:])}] : ({stack.type}"
+                           f"{', tensor<i32>' * len(stack.shape)}) -> {tensor_type((1, *stack.shape[1:]), stack.dtype)}",
+                           (1, *stack.shape[1:]), stack.dtype)
+        return self.reshape(sliced, stack.shape[1:])
+
+    def scatter_add_rows(self, out: V, rows: V, updates: V) -> V:
+        """out with updates [B, ...] added at its rows [B] (rows out of bounds skipped)."""
+        index = self.reshape(rows, (*rows.shape, 1))
+        scalar = tensor_type((), out.dtype)
+        return self.emit(
+            f'"stablehlo.scatter"({out.name}, {index.name}, {updates.name}) <{{indices_are_sorted = false, '
+            f"scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = {list(range(1, len(out.shape)))}, "
+            f"inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, "
+            f"unique_indices = false}}> ({{\n"
+            f"      ^bb0(%old{self.count}: {scalar}, %new{self.count}: {scalar}):\n"
+            f"        %sum{self.count} = stablehlo.add %old{self.count}, %new{self.count} : {scalar}\n"
+            f"        stablehlo.return %sum{self.count} : {scalar}\n"
+            f"    }}) : ({out.type}, {index.type}, {updates.type}) -> {out.type}", out.shape, out.dtype)
+
+    def while_loop(self, state: list[V], cond: Callable[[list[V]], V],
+                   body: Callable[[list[V]], list[V]]) -> list[V]:
+        """A ``stablehlo.while`` over ``state``: ``cond`` and ``body`` build its regions from the loop's
+        arguments (what they read from outside the loop, they capture)."""
+        self.count += 1
+        name = f"%w{self.count}"
+        args = [V(f"{name}_{i}", s.shape, s.dtype) for i, s in enumerate(state)]
+        outer, self.lines = self.lines, []
+        test = cond(args)
+        regions = [[*self.lines, f"stablehlo.return {test.name} : {test.type}"]]
+        self.lines = []
+        results = body(args)
+        regions.append([*self.lines, f"stablehlo.return {', '.join(r.name for r in results)} : "
+                                     f"{', '.join(r.type for r in results)}"])
+        self.lines = outer
+        cond_text, body_text = ("\n".join(f"  {line}" for line in "\n".join(region).splitlines()) for region in regions)
+        self.lines.append(
+            f"{name}:{len(state)} = stablehlo.while({', '.join(f'{a.name} = {s.name}' for a, s in zip(args, state))}) : "
+            f"{', '.join(s.type for s in state)}\n  cond {{\n{cond_text}\n  }} do {{\n{body_text}\n  }} "
+            f'loc("{self.loc} ({name})")')
+        return [V(f"{name}#{i}", s.shape, s.dtype) for i, s in enumerate(state)]

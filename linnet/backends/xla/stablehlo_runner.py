@@ -62,12 +62,12 @@ class StableHloRunner(XlaRunner):
         super().__init__(weights, cache, dtype, "stablehlo")
         start = time.perf_counter()
         spec = weights.spec
-        self.program = xla_program(spec, dtype)
+        self.program = self._with_rings(xla_program(spec, dtype))
         arrays = plan_weights(weights, WeightPlan.of(self.program))
         self.weights = [jax.device_put(arrays[name]) for name, _ in weight_shapes(self.program)]
-        shape = (cache.rows, spec.num_kv_heads, self.positions, spec.head_dim)
-        zeros = np.zeros(shape, DTYPES[dtype].numpy)
-        self.caches = [jax.device_put(zeros) for _ in range(2 * spec.num_layers)]  # k per layer, then v
+        shapes = [(cache.rows, spec.num_kv_heads, self.program.cache_slots(kind, cache.positions), spec.head_dim)
+                  for kind in self.program.layer_kinds]
+        self.caches = [jax.device_put(np.zeros(shape, DTYPES[dtype].numpy)) for shape in shapes * 2]  # k, then v
         self.rope = [jax.device_put(t) for t in rope_tables(spec, self.positions)]
         self.executables: dict[Sizes, Any] = {}  # jaxlib's loaded PJRT executables
         # The draw of the next token is the generated JAX's `sample` (it is not the model).
