@@ -253,9 +253,15 @@ class ModelSpec:
         top_k of experts (a prompt's tokens, together, may read more)."""
         from linnet.program import build_program
 
-        share = 1.0 if self.moe is None else self.moe.top_k / self.moe.experts
-        return round(sum(math.prod(shape) * (share if name.rsplit(".", 1)[-1].startswith("expert_") else 1.0)
+        return round(sum(math.prod(shape) * self.token_share(name)
                          for name, shape in build_program(self).expected_shapes().items()))
+
+    def token_share(self, canonical: str) -> float:
+        """The share of a canonical tensor one token's step reads: top_k of experts of a routed expert's
+        (its matrices and biases), all of any other (a router, a shared expert, the dense parts)."""
+        if self.moe is None or not canonical.rsplit(".", 1)[-1].startswith("expert_"):
+            return 1.0
+        return self.moe.top_k / self.moe.experts
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

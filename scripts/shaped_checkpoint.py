@@ -76,6 +76,19 @@ SHAPES = {
         max_position_embeddings=4096, layer_norm_eps=1e-5, rope_theta=10000.0, partial_rotary_factor=0.25,
         use_qkv_bias=True, use_parallel_residual=False, tie_word_embeddings=False, bos_token_id=100257,
         eos_token_id=100257),
+    # Mixtures of experts: the published shapes (the registry's parameter counts are the Programs' of these)
+    "olmoe-1b-7b-0924": dict(
+        architectures=["OlmoeForCausalLM"], model_type="olmoe", hidden_size=2048, intermediate_size=1024,
+        num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16, num_experts=64, num_experts_per_tok=8,
+        norm_topk_prob=False, vocab_size=50304, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
+        clip_qkv=None, tie_word_embeddings=False, bos_token_id=None, eos_token_id=50279, pad_token_id=1),
+    # Granite 3.1 3B-A800M's shapes; its multipliers, rms_norm_eps and token ids, which change no shape and are not
+    # confirmed here, are left at GraniteMoeConfig's defaults
+    "granite-3.1-3b-a800m-instruct": dict(
+        architectures=["GraniteMoeForCausalLM"], model_type="granitemoe", hidden_size=1536, intermediate_size=512,
+        num_hidden_layers=32, num_attention_heads=24, num_key_value_heads=8, num_local_experts=40,
+        num_experts_per_tok=8, vocab_size=49155, max_position_embeddings=131072, rope_theta=10000000.0,
+        tie_word_embeddings=True),
 }
 DTYPES = ("f32", "bf16", "f16")
 

@@ -50,6 +50,7 @@ NAMES = {
     "sinks": ("model.layers.{i}.self_attn.sinks", "blk.{i}.attn_sinks.weight"),
 }
 
+
 def hf_config(spec) -> dict:
     assert spec.moe is not None
     return {"attention_bias": spec.qkv_bias, **moe.hf_config(spec, "num_local_experts"),

@@ -28,6 +28,7 @@ ARCHITECTURE = Architecture(
     "MixtralForCausalLM", "llama", "mixtral", read_config, moe.layer, {**LLAMA_NAMES, **moe.expert_names(MLP)},
     layer_kinds=moe.layer_kinds, hf_packed=moe.packed(MLP),
     hf_alternatives={"router": f"{OLD}.gate.weight", **moe.per_expert(OLD, "w1", "w3", "w2")},
-    hf_config=lambda spec: {"hidden_act": "silu", **moe.hf_config(spec, "num_local_experts"), **hf_uniform_window(spec)},
+    hf_config=lambda spec: {"hidden_act": "silu", **moe.hf_config(spec, "num_local_experts"),
+                            **hf_uniform_window(spec)},
     gguf_config=gguf_config, gguf_metadata=gguf_metadata, gguf_interleaved_rope=True,
 )

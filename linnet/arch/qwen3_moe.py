@@ -26,7 +26,8 @@ def hf_config(spec) -> dict:
 
 
 def gguf_config(keys) -> dict:
-    return {**gguf_biases(keys), "qk_norm": True, "moe": moe.gguf_config(keys, moe.gguf_expert_size(keys), normalize=True)}
+    return {**gguf_biases(keys), "qk_norm": True,
+            "moe": moe.gguf_config(keys, moe.gguf_expert_size(keys), normalize=True)}
 
 
 def gguf_metadata(spec) -> dict:

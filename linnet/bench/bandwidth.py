@@ -8,8 +8,10 @@ must read x its tokens per second, and as a share of the measured bandwidth.
 
 The bytes are what a step must read, counted alike for every subject: each matrix once (the embedding
 table only for its one row, unless the head is tied to it and reads it whole), and the KV cache's keys
-and values at the mean position of the timed steps. A runner that reads more (a fixed-shape cache read
-whole, say) has that cost in its speed, not in its byte count.
+and values at the mean position of the timed steps. A mixture of experts' routed experts count top_k of
+their number (``ModelSpec.token_share``: what one token's step reads of them, from the Program), its router,
+shared expert and dense parts whole. A runner that reads more (a fixed-shape cache read whole, every expert,
+say) has that cost in its speed, not in its byte count.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from linnet.bench.protocol import PEERS, Job
 from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
 from linnet.gguf.format import GGUFFile
+from linnet.gguf.reader import tensor_plan
 from linnet.registry.schema import Protocol
 from linnet.results import Machine, Row
 from linnet.spec import ModelSpec
@@ -101,7 +104,7 @@ def kv_cache_bytes(spec: ModelSpec, position: float, kv_type: str) -> int:
 
 def weights_in_dtype(spec: ModelSpec, weight_type: str) -> dict[str, int]:
     """Bytes a step reads with every weight in ``weight_type`` (Linnet's runners, transformers)."""
-    streamed = spec.parameter_count()
+    streamed = spec.active_parameter_count()
     if not spec.tie_word_embeddings:  # the embedding gives one row; the head's own matrix is read whole
         streamed -= (spec.vocab_size - 1) * spec.hidden_size
     return {weight_type: round(streamed * element_bytes(weight_type))}
@@ -109,11 +112,12 @@ def weights_in_dtype(spec: ModelSpec, weight_type: str) -> dict[str, int]:
 
 def weights_of_gguf(path: str | Path, spec: ModelSpec) -> dict[str, int]:
     """Bytes a step reads, by GGML type, with a GGUF file's tensors as stored (as llama.cpp runs them)."""
-    tensors = GGUFFile(path).tensors
+    tensors, plan = GGUFFile(path).tensors, tensor_plan(spec)
     tied = "output.weight" not in tensors
     by_type: dict[str, int] = {}
     for t in tensors.values():
         read = t.nbytes // spec.vocab_size if t.name == "token_embd.weight" and not tied else t.nbytes
+        read = round(read * spec.token_share(plan[t.name][0][0])) if t.name in plan else read
         by_type[t.type.name.lower()] = by_type.get(t.type.name.lower(), 0) + read
     return by_type
 

@@ -1,5 +1,6 @@
 """Write a GGUF file that llama.cpp loads, for each family in llama.cpp's graph of it (Mistral as
-``llama``), in f32, f16, bf16 or q8_0.
+``llama``, Mixtral as ``llama`` with its experts), in f32, f16, bf16 or q8_0 (MXFP4, gpt-oss's usual
+experts, is read but not written).
 
 What is about to be written is first read back through ``linnet.gguf.reader.spec_from_metadata``: a model
 the file would describe otherwise (a feature that family's GGUF metadata has no key for, or that llama.cpp
@@ -146,7 +147,7 @@ def _tensors(spec: ModelSpec, weights: Weights, qtype: Q) -> dict[str, Tensor]:
         assert name is not None, canonical  # a part without a GGUF name of its own is in a packed tensor
         if name not in tensors:
             shape = (sum(weights[p].shape[0] for p in parts), *array.shape[1:])
-            tensors[name] = (parts, pack, shape, _tensor_type(shape, qtype))
+            tensors[name] = (parts, pack, shape, _tensor_type(parts[0], shape, qtype))
     return tensors
 
 
@@ -200,9 +201,14 @@ def _write(path: Path, model: LoadedModel, file_type: LlamaFileType, metadata: d
         writer.close()
 
 
-def _tensor_type(shape: tuple[int, ...], wanted: Q) -> Q:
-    """Vectors stay f32; a matrix whose rows are not whole q8_0 blocks falls back to f16, as in llama.cpp."""
-    if len(shape) == 1:
+KEPT_F32 = ("router", "shared_expert_gate")  # as llama.cpp's converters keep them: rounding may change the experts
+
+
+def _tensor_type(canonical: str, shape: tuple[int, ...], wanted: Q) -> Q:
+    """Vectors, biases (an expert's too) and routers stay f32; a matrix whose rows are not whole q8_0 blocks
+    falls back to f16, as in llama.cpp."""
+    part = canonical.rsplit(".", 1)[-1]
+    if len(shape) == 1 or part.endswith("bias") or part in KEPT_F32:
         return Q.F32
     if shape[-1] % GGML_QUANT_SIZES[wanted][0]:
         return Q.F16

@@ -31,9 +31,10 @@ from linnet.tokenizer import Tokenizer
 from linnet.weight_cache import cached_arrays, source_identity
 from linnet.weights import check_shapes
 
-# The types tested against llama.cpp; the i-quants and ternary types are refused rather than trusted.
+# The types tested against llama.cpp (MXFP4: gpt-oss's experts); the i-quants and ternary types are refused
+# rather than trusted.
 SUPPORTED_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
-                             Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K})
+                             Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4})
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3 scaling's divisors
 ROPE_FACTORS = {"short": "rope_factors_short.weight", "long": "rope_factors_long.weight"}  # LongRoPE's (Phi-3)
 ROPE_TENSORS = (ROPE_FREQS, *ROPE_FACTORS.values())
@@ -154,7 +155,8 @@ def spec_from_metadata(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]],
     family = meta.get("general.architecture")
     if not isinstance(family, str):
         raise UnsupportedModel(f"{where}: general.architecture: expected a name, got {family!r}")
-    arch = architecture_for_family(family)
+    # llama.cpp names Mixtral's family "llama": the expert count tells it from Llama
+    arch = architecture_for_family(family, experts=bool(meta.get(f"{family}.expert_count")))
     keys = GGUFKeys(meta, shapes, family, where)
     if "token_embd.weight" not in shapes:
         raise WeightError(f"{Path(where).name} has no token_embd.weight")

@@ -20,7 +20,7 @@ from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
 from linnet.files import atomic_write, check_output
 from linnet.loaded_model import LoadedModel
-from linnet.names import hf_name
+from linnet.names import hf_alternative, hf_name
 from linnet.spec import ModelSpec, RopeSpec, spec_from_hf_config
 
 SHARD_BYTES = 2 * 1024**3
@@ -120,15 +120,21 @@ def rope_scaling(rope: RopeSpec) -> dict[str, Any] | None:
 
 
 def _tensors(model: LoadedModel, dtype: np.dtype) -> Iterator[tuple[str, np.ndarray]]:
-    """Each checkpoint tensor: packed ones joined from their parts, load-time transforms undone."""
+    """Each checkpoint tensor, in the layout the family's checkpoints are published in: a part with another
+    layout's name (``Architecture.hf_alternatives``: what transformers saves, a tensor per expert) under
+    that name, cut per expert; packed ones joined from their parts; load-time transforms undone."""
     spec, weights = model.spec, model.weights
     arch = get_architecture(spec.architecture)
     packed = {}
-    for template, pack in arch.hf_packed.items():
+    for template, pack in arch.hf_packed.items():  # the last template of a part is the one written
         for name, parts in pack.groups(spec, template, weights):
             packed.update(dict.fromkeys(parts, (name, parts, pack)))
     written = set()
     for canonical, array in weights.items():  # a tied head has no lm_head: written tied
+        if others := hf_alternative(spec, canonical):
+            per_expert = "{e}" in arch.hf_alternatives[canonical.rsplit(".", 1)[-1]]
+            yield from zip(others, (_stored(a, dtype) for a in (array if per_expert else [array])))
+            continue
         if canonical in packed:
             name, parts, pack = packed[canonical]
             if name not in written:

@@ -75,6 +75,30 @@ def test_a_gguf_file_is_counted_as_stored(checkpoint_dir, tmp_path):
     assert bandwidth.element_bytes("q4_1") == 20 / 32 and bandwidth.element_bytes("f16") == 2
 
 
+EXPERT_PARTS = ("expert_gate", "expert_up", "expert_down")
+
+
+@pytest.mark.parametrize("case", ["qwen2moe-shared-dense", "mixtral-top2of5"])
+def test_a_mixture_of_experts_reads_top_k_of_its_experts(case, checkpoint_dir, tmp_path):
+    """A decode token reads top_k of each sparse layer's experts, and all else whole: the router, the shared
+    expert (Qwen2-MoE's), the dense layer among the sparse ones, attention; as stored in a GGUF file too."""
+    model = open_model(str(checkpoint_dir(case)))
+    spec, moe = model.spec, model.spec.moe
+    share = moe.top_k / moe.experts  # 3 of 6, 2 of 5
+
+    def read(name, elements):
+        return elements * share if name.rsplit(".", 1)[-1] in EXPERT_PARTS else elements
+
+    rows = 1 if not spec.tie_word_embeddings else spec.vocab_size  # an untied embedding gives one row
+    elements = sum(read(name, a.size if name != "embed" else rows * spec.hidden_size)
+                   for name, a in model.weights.items())
+    assert bandwidth.weights_in_dtype(spec, "bf16") == {"bf16": round(2 * elements)}
+    assert elements < spec.parameter_count() - (spec.vocab_size - rows) * spec.hidden_size
+    if case == "mixtral-top2of5":  # a GGUF file of it, f32 throughout
+        by_type = bandwidth.weights_of_gguf(export_gguf(model, tmp_path / "m.gguf", "f32"), spec)
+        assert by_type == {"f32": round(4 * elements)}
+
+
 def test_linnet_rows_read_an_f32_cache_on_a_cpu(checkpoint_dir, tmp_path):
     job = Job(str(checkpoint_dir("qwen2-tied")), "bf16", PROTOCOL, [1, 2, 3], str(tmp_path))
     spec = open_model(job.model).spec

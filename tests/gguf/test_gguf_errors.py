@@ -69,8 +69,9 @@ def test_unsupported_tensor_type_is_named(tmp_path):
 def test_unsupported_architecture_is_named(tmp_path):
     path = tmp_path / "gemma.gguf"
     write_gguf(path, "gemma3n")
-    with pytest.raises(UnsupportedModel, match="'gemma3n' is not supported; supported: gemma2, gemma3, gptneox, "
-                                               "granite, llama, olmo2, phi3, qwen2, qwen3, smollm3, stablelm"):
+    with pytest.raises(UnsupportedModel, match="'gemma3n' is not supported; supported: gemma2, gemma3, gpt-oss, "
+                                               "gptneox, granite, granitemoe, llama, olmo2, olmoe, phi3, qwen2, "
+                                               "qwen2moe, qwen3, qwen3moe, smollm3, stablelm"):
         load_gguf(path)
 
 

@@ -40,6 +40,9 @@ def logits(model) -> np.ndarray:
 
 
 def as_gguf_reads(spec: ModelSpec) -> ModelSpec:
+    """Mistral's and Mixtral's GGUF form (llama's) has no layer types; Mistral's reads back as Llama."""
+    if spec.architecture == "MixtralForCausalLM":
+        return replace(spec, layer_types=(), sliding_window=None)
     if spec.architecture != "MistralForCausalLM":
         return spec
     return replace(spec, architecture="LlamaForCausalLM", layer_types=(), sliding_window=None)

@@ -1,5 +1,6 @@
 """``linnet export hf``: what it writes, transformers loads, and computes the logits Linnet computes, for
-every family (packed tensors packed again, Gemma's 1 + w norms stored as w).
+every family (packed tensors packed again, Gemma's 1 + w norms stored as w; a mixture of experts in the
+layout its checkpoints are published in, a tensor per expert where they hold one).
 
 Tolerance: f32 on both sides, same operations in a different order; 1e-4 absolute on logits of ~5-15,
 as in the backend conformance suite. transformers runs eager attention, which has the softcaps and windows.
@@ -13,7 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from checkpoints import CASE_IDS, CASES_BY_ID, Case, build_checkpoint
+from checkpoints import CASE_IDS, CASES_BY_ID, MOE_CASE_IDS, Case, build_checkpoint
 from safetensors import safe_open
 
 from linnet.backends import CacheShape, create_runner
@@ -22,7 +23,7 @@ from linnet.hf import export as hf_export
 from linnet.hf.export import export_hf
 from linnet.model import open_model
 from linnet.names import hf_name
-from linnet.spec import load_spec, spec_from_hf_config
+from linnet.spec import MoeSpec, load_spec, spec_from_hf_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -40,7 +41,7 @@ def linnet_logits(model) -> np.ndarray:
     return runner.prefill(0, PROMPT, all_logits=True)
 
 
-@pytest.mark.parametrize("case", CASE_IDS)
+@pytest.mark.parametrize("case", CASE_IDS + MOE_CASE_IDS)
 def test_transformers_loads_the_export(case, checkpoint_dir, tmp_path):
     model = open_model(str(checkpoint_dir(case)))
     out = export_hf(model, tmp_path / "out", "f32")
@@ -56,6 +57,20 @@ def test_transformers_loads_the_export(case, checkpoint_dir, tmp_path):
     messages = [{"role": "user", "content": "Hi there"}]
     assert tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
         model.tokenizer.render_chat(messages)
+
+
+@pytest.mark.parametrize("case", MOE_CASE_IDS)
+def test_experts_are_written_as_transformers_saves_them(case, checkpoint_dir, tmp_path):
+    """The published layout (a tensor per expert, Granite-MoE's input_linear, gpt-oss's fused gate_up_proj),
+    which vLLM and transformers 4 read too, not transformers 5's module names: the tensors save_pretrained
+    wrote, and their values."""
+    saved = checkpoint_dir(case)
+    out = export_hf(open_model(str(saved)), tmp_path / "out", "f32")
+    with safe_open(str(out / "model.safetensors"), "numpy") as ours, \
+            safe_open(str(saved / "model.safetensors"), "numpy") as theirs:
+        assert set(ours.keys()) == set(theirs.keys())
+        for name in theirs.keys():
+            np.testing.assert_array_equal(ours.get_tensor(name), theirs.get_tensor(name), err_msg=name)
 
 
 def test_config_and_generation_config(checkpoint_dir, tmp_path):
@@ -120,6 +135,9 @@ def test_rope_scaling_is_written_back(case, tmp_path):
     ("llama-gqa3", dict(o_bias=True), r"o_bias=True \(it would read back as False\)"),  # one attention_bias
     ("llama-gqa3", dict(architecture="GraniteForCausalLM"), "cannot express head_dim 16"),  # hidden / heads is 8
     ("stablelm-parallel", dict(mlp_bias=True), r"mlp_bias=True \(it would read back as False\)"),
+    # Mixtral's config renormalises the top k; its experts are intermediate_size wide
+    ("mixtral-top2of5", dict(moe=MoeSpec(5, 2, 104)), r"moe.normalize=False \(it would read back as True\)"),
+    ("mixtral-top2of5", dict(moe=MoeSpec(5, 2, 64, normalize=True)), r"moe.size=64 \(it would read back as 104\)"),
 ])
 def test_what_config_json_cannot_express_is_refused(case, change, message, checkpoint_dir, tmp_path):
     model = open_model(str(checkpoint_dir(case)))

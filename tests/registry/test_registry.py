@@ -10,6 +10,7 @@ import pytest
 from linnet import registry
 from linnet.errors import RegistryError
 from linnet.registry.schema import Gguf
+from linnet.spec import spec_from_hf_config
 
 QWEN3 = registry.MODELS_DIR / "qwen3-4b.toml"
 
@@ -18,7 +19,10 @@ def test_bundled_entries_load():
     entries = {e.id: e for e in registry.entries()}
     assert set(entries) == {"qwen3-4b", "qwen2.5-0.5b-instruct", "smollm2-135m-instruct", "gemma-2-2b-it",
                             "phi-3.5-mini-instruct", "mistral-7b-instruct-v0.3", "olmo-2-0425-1b", "smollm3-3b",
-                            "granite-3.3-2b-instruct", "pythia-1b", "stablelm-2-1.6b", "gemma-3-1b-it"}
+                            "granite-3.3-2b-instruct", "pythia-1b", "stablelm-2-1.6b", "gemma-3-1b-it",
+                            # mixtures of experts
+                            "mixtral-8x7b-instruct-v0.1", "qwen1.5-moe-a2.7b-chat", "qwen3-30b-a3b", "olmoe-1b-7b-0924",
+                            "granite-3.1-3b-a800m-instruct", "gpt-oss-20b"}
     assert entries["qwen3-4b"].hf.repo == "Qwen/Qwen3-4B"
     assert entries["qwen2.5-0.5b-instruct"].architecture == "qwen2"
     smol = entries["smollm2-135m-instruct"]
@@ -28,6 +32,21 @@ def test_bundled_entries_load():
     assert entries["gemma-2-2b-it"].parameters == 2_614_341_888  # as published; counted from the Program
     for e in entries.values():  # the seed pages' protocol
         assert (e.bench.prompt_tokens, e.bench.new_tokens, e.bench.runs, e.bench.warmups) == (512, 128, 10, 3)
+
+
+def test_the_shaped_checkpoints_have_the_registry_parameter_counts():
+    """scripts/shaped_checkpoint.py's published shapes, as Linnet's Program counts them, are the registry's
+    parameters (a mixture of experts' every expert counted), for every model it has shapes of."""
+    path = Path(__file__).parents[2] / "scripts" / "shaped_checkpoint.py"
+    spec = importlib.util.spec_from_file_location("shaped_checkpoint", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    transformers = pytest.importorskip("transformers")
+    assert {"granite-3.1-3b-a800m-instruct", "olmoe-1b-7b-0924"} <= set(module.SHAPES)
+    for name in module.SHAPES:
+        config = transformers.AutoConfig.for_model(**module.SHAPES[name]).to_dict()  # with the class's defaults
+        assert spec_from_hf_config(config, name).parameter_count() == registry.find(name).parameters, name
 
 
 def test_find():
