@@ -3,7 +3,8 @@
 The matrix is the backend registry: every backend in every dtype it declares. A backend that cannot run
 here (CUDA graphs without a GPU) is skipped with its own reason. 16-bit runs of the compiled backends
 are marked slow (each compiles its own graphs), and so are inductor's f32 runs on all but two cases;
-inductor's 16-bit runs are on those two cases alone (INDUCTOR_CASES says why).
+inductor's 16-bit runs are on those two cases alone (INDUCTOR_CASES says why). Mixtures of experts run in
+f32 alone; on XLA one case by default, on inductor none (MOE_COMPILED_CASES says why).
 
 Tolerances (absolute, on logits): f32 1e-4. In 16 bits both sides round every intermediate, each in
 its own order, so the budget scales with the logits' size: bf16 (8-bit mantissa, relative step
@@ -73,7 +74,19 @@ PARAMS = [pytest.param(b, d, c, id=f"{b}-{d}-{c}", marks=[pytest.mark.slow] if s
 # Mixtures of experts: f32 on every backend (those that do not run them yet skip with their refusal). Not
 # 16 bits: a router's near tie that 16-bit weights decide the other way sends a token to another expert
 # (qwen2moe-shared-dense in f16 on a CPU: one token of 24 at 0.3 from transformers, the rest within 0.006).
-PARAMS += [pytest.param(b, d, c, id=f"{b}-{d}-{c}") for b, d in MATRIX for c in MOE_CASE_IDS if d == "f32"]
+# XLA's default run has gpt-oss's case, which holds the most (sinks, windows, biased and clamped experts,
+# a softmax over the top k); inductor none (its runners compile a decode step each, 20-40 s: its decode
+# is checked against the reference in test_moe.py, a case with a dense layer and a shared expert, on XLA
+# too; its prompts run eager, as torch:eager's); the other cases are slow.
+MOE_COMPILED_CASES = {"gptoss-sinks-window5"}
+
+
+def slow_moe(backend: str, case: str) -> bool:
+    return backend not in UNCOMPILED and (backend == "torch:inductor" or case not in MOE_COMPILED_CASES)
+
+
+PARAMS += [pytest.param(b, d, c, id=f"{b}-{d}-{c}", marks=[pytest.mark.slow] if slow_moe(b, c) else [])
+           for b, d in MATRIX for c in MOE_CASE_IDS if d == "f32"]
 
 
 def tolerance(dtype: str, reference: np.ndarray) -> float:

@@ -49,8 +49,8 @@ def planned_arrays(weights: Any, program: Program, float_type: DTypeLike = np.fl
         out.update({f"{name}.{part}" if part else name: value for part, value in parts.items()})
     for i in range(program.spec.num_layers):
         for name, (gate, up) in INTERLEAVED.items():
-            pair = [arrays.get(f"layers.{i}.{part}") for part in (gate, up)]
-            if pair[0] is not None and pair[1] is not None:  # [E, F, ...] twice -> [E, 2F, ...]
+            if f"layers.{i}.{gate}" in arrays:  # [E, F, ...] twice -> [E, 2F, ...]
+                pair = [arrays[f"layers.{i}.{part}"] for part in (gate, up)]
                 out[f"layers.{i}.{name}"] = np.stack(pair, axis=2).reshape(pair[0].shape[0], -1, *pair[0].shape[2:])
     return out
 

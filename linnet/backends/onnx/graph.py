@@ -75,7 +75,8 @@ ATTENTION_ATTRS = {"scale", "softcap", "window", "ring", "sinks"}
 
 # ONNX Runtime's MoE kernel reads each expert's gate and up rows interleaved in one matrix (row 2j gate's row
 # j, row 2j + 1 up's): the weights hold that form beside the Program's stacks (``export.planned_arrays``).
-INTERLEAVED = {"expert_gate_up": ("expert_gate", "expert_up"), "expert_gate_up_bias": ("expert_gate_bias", "expert_up_bias")}
+INTERLEAVED = {"expert_gate_up": ("expert_gate", "expert_up"),
+               "expert_gate_up_bias": ("expert_gate_bias", "expert_up_bias")}
 
 T = TypeVar("T")
 
@@ -808,14 +809,37 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
     last.output[0] = "logits"
     e.nodes.append(helper.make_node("ArgMax", ["logits"], ["next_ids"], axis=-1, keepdims=0))
 
+    nodes = _live(e.nodes, {o.name for o in outputs})
+    read = {name for node in nodes for name in _reads(node)}
+    weights = {name: plan for name, plan in weights.items() if name in read}
     declared = [_declared(name, types.get(name, ONNX_TYPES[stored]), weight_shapes[plan])
                 for name, plan in weights.items()]
-    graph = helper.make_graph(e.nodes, f"linnet_{spec.architecture}_step", inputs, outputs,
+    graph = helper.make_graph(nodes, f"linnet_{spec.architecture}_step", inputs, outputs,
                               initializer=[*rope, *e.constants, *declared])
     opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid("com.microsoft", 1)] if e.contrib else [])
     model = helper.make_model(graph, opset_imports=opsets, producer_name="linnet")
     model.ir_version = 9  # opset 18's; readable by ONNX Runtime 1.15+ and onnx 1.14+
     return model, weights
+
+
+def _live(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
+    """The nodes the graph's outputs need, in order. The others go, and the weights only they read: the
+    ort variant's MoE reads the experts' gate and up interleaved (``INTERLEAVED``), not the Program's stacks."""
+    needed, kept = set(outputs), []
+    for node in reversed(nodes):
+        if needed.intersection(node.output):
+            kept.append(node)
+            needed.update(_reads(node))
+    return kept[::-1]
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """The names a node reads: its inputs, and those its subgraphs' nodes read (a Loop's body)."""
+    names = set(node.input)
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            names.update(name for inner in attribute.g.node for name in _reads(inner))
+    return names
 
 
 def _declared(name: str, data_type: int, shape: tuple[int, ...]) -> onnx.TensorProto:

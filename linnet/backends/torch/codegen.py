@@ -408,7 +408,9 @@ def moe(x: torch.Tensor, router: torch.Tensor, gate: torch.Tensor, up: torch.Ten
     by a softmax over every expert's logit ("softmax_topk", with normalize the picks' weights divided by
     their sum), or by logit, weighted by a softmax over the picks' ("topk_softmax"). Tokens are grouped
     by expert: an expert some token chose reads its matrices once, for those tokens; the others are
-    never read. Its output times the token's weight for it is added expert by expert, in index order."""
+    never read. Its output times the token's weight for it is added expert by expert, in index order.
+    A compiled step cannot loop over data (torch.export does not trace it): there each token's experts'
+    matrices are gathered (`gathered_experts`), which reads the chosen ones alone."""
     r_bias = biases[0] if router_bias else None
     g_bias, u_bias, d_bias = biases[-3:] if expert_bias else (None, None, None)
     tokens = x.flatten(0, 1)
@@ -421,20 +423,49 @@ def moe(x: torch.Tensor, router: torch.Tensor, gate: torch.Tensor, up: torch.Ten
     elif normalize:
         weights = weights / weights.sum(-1, keepdim=True)
     weights = weights.to(x.dtype)
+
+    def activate(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        if activation == "swiglu":
+            return F.silu(g) * u
+        g, u = g.clamp(max=limit), u.clamp(-limit, limit)  # clamped_swiglu: the gate above, up on both sides
+        return g * torch.sigmoid(alpha * g) * (u + 1)
+
+    if torch.compiler.is_compiling():
+        out = gathered_experts(tokens, chosen, weights, gate, up, down, g_bias, u_bias, d_bias, activate)
+        return out.view_as(x)
     out = torch.zeros_like(tokens)
     for e in chosen.unique().tolist():  # the experts chosen, in ascending order
         token, slot = (chosen == e).nonzero(as_tuple=True)
         h = tokens[token][None]
         g = linear(h, gate[e], None if g_bias is None else g_bias[e])
         u = linear(h, up[e], None if u_bias is None else u_bias[e])
-        if activation == "swiglu":
-            a = F.silu(g) * u
-        else:  # clamped_swiglu: the gate clamped above, up on both sides
-            g, u = g.clamp(max=limit), u.clamp(-limit, limit)
-            a = g * torch.sigmoid(alpha * g) * (u + 1)
-        y = linear(a, down[e], None if d_bias is None else d_bias[e])[0]
+        y = linear(activate(g, u), down[e], None if d_bias is None else d_bias[e])[0]
         out.index_add_(0, token, y * weights[token, slot][:, None])
     return out.view_as(x)
+
+
+def gathered_experts(tokens: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor,
+                     up: torch.Tensor, down: torch.Tensor, g_bias: torch.Tensor | None, u_bias: torch.Tensor | None,
+                     d_bias: torch.Tensor | None, activate) -> torch.Tensor:
+    """The experts of a compiled step, tokens [N, D] with their picks chosen and weights [N, top_k]: each
+    token's experts' matrices gathered (stack[chosen]) into sums of products, which inductor computes in
+    loops that read the chosen experts' rows where they lie, and no other expert's (Linnet's runner
+    compiles its one-token decode step so; a prompt's tokens run eager, grouped by expert). Each token's
+    outputs are added in ascending order of expert."""
+    chosen, slot = chosen.sort(-1)
+    weights = weights.gather(-1, slot)
+    h = tokens[:, None, None]  # [N, 1, 1, D]
+    g, u = ((stack[chosen].to(h.dtype) * h).sum(-1) for stack in (gate, up))  # [N, top_k, F]
+    if g_bias is not None:
+        g, u = g + g_bias[chosen], u + u_bias[chosen]
+    y = (down[chosen].to(h.dtype) * activate(g, u)[:, :, None]).sum(-1)  # [N, top_k, D]
+    if d_bias is not None:
+        y = y + d_bias[chosen]
+    y = y * weights[..., None]
+    out = torch.zeros_like(tokens)
+    for j in range(chosen.shape[1]):
+        out = out + y[:, j]
+    return out
 
 '''
 

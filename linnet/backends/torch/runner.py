@@ -1,7 +1,8 @@
 """Run the generated PyTorch source: eager, inductor (torch.compile) or CUDA graphs.
 
 Shapes are fixed so that compilation happens once: decode always runs every cache row with one token
-(one graph, no recompiles per step), and prefill is compiled once with a dynamic prompt length.
+(one graph, no recompiles per step), and prefill is compiled once with a dynamic prompt length (a
+mixture of experts' prompts run eager: ``eager_prompts``).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from linnet.program import (
     fuse_projections,
     quantize_weights,
 )
+from linnet.program.ops import features
 from linnet.quantize import block_names, check_form
 from linnet.rope import rope_tables
 from linnet.sampling import Sampling
@@ -128,6 +130,9 @@ class TorchRunner(Runner):
         bucketed = -(-cache.positions // CACHE_BUCKET) * CACHE_BUCKET
         program = self._with_rings(torch_program(weights.spec, self.act, dtype, quantize, weights), scratch=bucketed)
         self.quantized = sorted({form for _, _, form in program.quantized})
+        # a mixture of experts' prompt groups its tokens by expert, a loop over data that torch.export cannot
+        # trace: compiled modes run it eager, and compile the decode step (which gathers each token's experts)
+        self.eager_prompts = "moe" in features(program)
         self.source = generate_source(program)
         module = load_generated_module(self.source)
         blocks = block_names(program.quantized, program.spec.num_layers)
@@ -151,7 +156,7 @@ class TorchRunner(Runner):
     def _compile(self) -> None:
         if self.mode == "inductor" and self.device.type == "cpu":
             # compiled once into AOTInductor packages on disk, which later processes load in milliseconds
-            self._prefill_fn = self._packaged("prompt step", True)
+            self._prefill_fn = self.model if self.eager_prompts else self._packaged("prompt step", True)
             self._decode_fn = self._packaged("decode step", False)
             return
         from linnet.backends.torch.decode_compile import decode_compile_options  # imports inductor
@@ -175,7 +180,7 @@ class TorchRunner(Runner):
             torch._dynamo.mark_dynamic(positions, 1)
             return compiled_prefill(tokens, positions, rows, select)
 
-        self._prefill_fn = prefill_any_length
+        self._prefill_fn = self.model if self.eager_prompts else prefill_any_length
         options = decode_compile_options()  # keeps the weight-streaming loops lean; see decode_compile
         decode = torch.compile(decode, dynamic=False, fullgraph=True, options=options)
         self._decode_fn = self._noted(decode, "decode step")
@@ -206,9 +211,10 @@ class TorchRunner(Runner):
         one = torch.zeros((1, 1), dtype=torch.int64)
         prompt = (torch.zeros((1, 2), dtype=torch.int64), torch.zeros((1, 2), dtype=torch.int64), one[0], one)
         decode = (one, one, one[0], None)
+        steps = ((decode, False),) if self.eager_prompts else ((prompt, True), (decode, False))
         return (self.mode == "inductor" and self.device.type == "cpu"
                 and all(aot.package_path(self.model, self.source, example, dynamic).is_file()
-                        for example, dynamic in ((prompt, True), (decode, False))))
+                        for example, dynamic in steps))
 
     def _noted(self, step: Callable[..., Any], what: str) -> Callable[..., Any]:
         """``step``, whose first call (where it compiles, or loads from inductor's cache) says so on stderr

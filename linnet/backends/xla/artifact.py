@@ -3,6 +3,7 @@ Linnet's own StableHLO modules with their calling convention. Both over the same
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from safetensors.numpy import save_file
 
 from linnet.backends.xla.codegen import generate_source
 from linnet.backends.xla.layout import stacked_weights, xla_program
-from linnet.backends.xla.stablehlo import Sizes, arguments, emit_module
+from linnet.backends.xla.stablehlo import Sizes, arguments, emit_module, weight_shapes
 from linnet.rope import rope_tables
 
 PREFILL_LENGTH = 64  # the StableHLO prefill module's tokens per call (pad shorter prompts; see the convention)
@@ -36,11 +37,18 @@ HERE = Path(__file__).parent
 
 def load(rows: int = 1, positions: int = {positions}):
     """The step (jitted, caches donated), its weights as the pytree `step` takes (a layer's weights are
-    stacked in the file: "layers.qkv" [LAYERS, ...]), the rotary tables and an empty KV cache."""
+    stacked in the file: "layers.qkv" [LAYERS, ...]; one some layers lack is each layer's own:
+    "layers.0.expert_gate"), the rotary tables and an empty KV cache."""
     stored = load_file(HERE / "weights.safetensors")
     weights = {{name: jnp.asarray(a) for name, a in stored.items() if not name.startswith("layers.")}}
-    weights["layers"] = [{{name.removeprefix("layers."): jnp.asarray(a[i])
-                          for name, a in stored.items() if name.startswith("layers.")}} for i in range(LAYERS)]
+    weights["layers"] = [{{}} for _ in range(LAYERS)]
+    for name, a in stored.items():
+        parts = name.split(".", 2)
+        if len(parts) == 3 and parts[0] == "layers":
+            weights["layers"][int(parts[1])][parts[2]] = jnp.asarray(a)
+        elif parts[0] == "layers":
+            for i, layer in enumerate(weights["layers"]):
+                layer[parts[1]] = jnp.asarray(a[i])
     rope = load_file(HERE / "rope.safetensors")  # float32 [positions, ROTARY_DIM]
     shape, dtype = (rows, KV_HEADS, positions, HEAD_DIM), weights["embed"].dtype
     caches = [[jnp.zeros(shape, dtype) for _ in range(LAYERS)] for _ in "kv"]
@@ -95,9 +103,13 @@ def _write_weights(model: Any, program: Any, out: Path, dtype: str) -> list[str]
 
 def calling_convention(program: Any, modules: dict[str, Sizes]) -> dict[str, Any]:
     """What each module's ``main`` takes and returns, and where each weight argument is in the files."""
+    holders = Counter(name.split(".", 2)[2] for name, _ in weight_shapes(program) if name.startswith("layers."))
+
     def source(name: str) -> dict[str, Any]:
         if name.startswith("layers."):
             _, index, part = name.split(".", 2)
+            if holders[part] < program.spec.num_layers:  # a weight some layers lack: each layer's own tensor
+                return {"file": "weights.safetensors", "tensor": name}
             return {"file": "weights.safetensors", "tensor": f"layers.{part}", "index": int(index)}
         if name.startswith("rope_"):
             return {"file": "rope.safetensors", "tensor": name.removeprefix("rope_"), "rows": "the first P"}
@@ -110,7 +122,8 @@ def calling_convention(program: Any, modules: dict[str, Sizes]) -> dict[str, Any
                  "token writes position P - 1, which no real query reads), rows [R] (distinct), select [R, S] "
                  "(indices into T). cache_k.<i>, cache_v.<i> start as zeros and are donated: results 1.. alias "
                  "them in argument order and are the next call's caches. Result 0: logits [R, S, vocab] f32. "
-                 "A weight's source 'index' is its layer along the stacked tensor's first axis.",
+                 "A weight's source 'index' is its layer along the stacked tensor's first axis (a weight some "
+                 "layers lack is a tensor of each layer's own).",
         "modules": {
             name: {
                 "file": f"{name}.mlir", "sizes": asdict(sizes),

@@ -498,12 +498,13 @@ class _Emitter:
             w_gate, w_up, w_down = (self.expert_slice(m, e) for m in (gate, up, down))
             b_gate, b_up, b_down = (None if b is None else self.expert_slice(b, e) for b in expert_biases)
             count, start = self.expert_slice(counts, e), self.expert_slice(starts, e)
-            tiles = self.binary("divide", self.binary("add", count, self.const(tile - 1, "i32")), self.const(tile, "i32"))
+            tiles = self.binary("divide", self.binary("add", count, self.const(tile - 1, "i32")),
+                                self.const(tile, "i32"))  # ceil(count / tile)
 
             def run_tile(state: list[V]) -> list[V]:
                 i, out = state
-                at = self.binary("add", self.broadcast(self.binary("multiply", i, self.const(tile, "i32")), (tile,), []),
-                                 self.iota((tile,)))  # places among e's picks
+                first = self.binary("multiply", i, self.const(tile, "i32"))  # the tile's places among e's picks:
+                at = self.binary("add", self.broadcast(first, (tile,), []), self.iota((tile,)))
                 index = self.binary("minimum", self.binary("add", self.broadcast(start, (tile,), []), at),
                                     self.const(picks - 1, "i32", (tile,)))
                 pick = self.gather_rows(order, index)
@@ -511,7 +512,8 @@ class _Emitter:
                                     self.binary("divide", pick, self.const(k, "i32", (tile,))),
                                     self.const(n, "i32", (tile,)))  # n: past the end, an update skipped
                 h = self.gather_rows(tokens, self.binary("minimum", token, self.const(n - 1, "i32", (tile,))))
-                y = linear(self.expert_activation(attrs, linear(h, w_gate, b_gate), linear(h, w_up, b_up)), w_down, b_down)
+                a = self.expert_activation(attrs, linear(h, w_gate, b_gate), linear(h, w_up, b_up))
+                y = linear(a, w_down, b_down)
                 y = self.binary("multiply", y, self.leading(self.gather_rows(weights, pick), y.shape))
                 return [self.binary("add", i, self.const(1, "i32")), self.scatter_add_rows(out, token, y)]
 
@@ -541,7 +543,8 @@ class _Emitter:
         return self.emit(f"stablehlo.iota dim = 0 : {tensor_type(shape, 'i32')}", shape, "i32")
 
     def select(self, which: V, a: V, b: V) -> V:
-        return self.emit(f"stablehlo.select {which.name}, {a.name}, {b.name} : {which.type}, {a.type}", a.shape, a.dtype)
+        return self.emit(f"stablehlo.select {which.name}, {a.name}, {b.name} : {which.type}, {a.type}", a.shape,
+                         a.dtype)
 
     def count_true(self, x: V) -> V:
         """Over the last axis: how many are true."""
@@ -573,11 +576,11 @@ class _Emitter:
 
     def expert_slice(self, stack: V, e: V) -> V:
         """stack[e]: expert e's part of a stack, read alone (a dynamic slice)."""
-        zero = self.const(0, "i32")
-        sliced = self.emit(f"stablehlo.dynamic_slice {stack.name}, {e.name}{f', {zero.name}' * (len(stack.shape) - 1)}, "
-                           f"sizes = [1{''.join(f', {n}' for n in stack.shape[1:])}] : ({stack.type}"
-                           f"{', tensor<i32>' * len(stack.shape)}) -> {tensor_type((1, *stack.shape[1:]), stack.dtype)}",
-                           (1, *stack.shape[1:]), stack.dtype)
+        zeros = f", {self.const(0, 'i32').name}" * (len(stack.shape) - 1)
+        shape = (1, *stack.shape[1:])
+        sliced = self.emit(f"stablehlo.dynamic_slice {stack.name}, {e.name}{zeros}, sizes = {list(shape)} : "
+                           f"({stack.type}{', tensor<i32>' * len(stack.shape)}) -> {tensor_type(shape, stack.dtype)}",
+                           shape, stack.dtype)
         return self.reshape(sliced, stack.shape[1:])
 
     def scatter_add_rows(self, out: V, rows: V, updates: V) -> V:
@@ -610,8 +613,8 @@ class _Emitter:
                                      f"{', '.join(r.type for r in results)}"])
         self.lines = outer
         cond_text, body_text = ("\n".join(f"  {line}" for line in "\n".join(region).splitlines()) for region in regions)
+        initial = ", ".join(f"{a.name} = {s.name}" for a, s in zip(args, state))
         self.lines.append(
-            f"{name}:{len(state)} = stablehlo.while({', '.join(f'{a.name} = {s.name}' for a, s in zip(args, state))}) : "
-            f"{', '.join(s.type for s in state)}\n  cond {{\n{cond_text}\n  }} do {{\n{body_text}\n  }} "
-            f'loc("{self.loc} ({name})")')
+            f"{name}:{len(state)} = stablehlo.while({initial}) : {', '.join(s.type for s in state)}\n"
+            f"  cond {{\n{cond_text}\n  }} do {{\n{body_text}\n  }} loc(\"{self.loc} ({name})\")")
         return [V(f"{name}#{i}", s.shape, s.dtype) for i, s in enumerate(state)]

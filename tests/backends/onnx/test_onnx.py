@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from checkpoints import CASE_IDS, FAMILY_CASES
+from checkpoints import CASE_IDS, FAMILY_CASES, MOE_CASES
 from onnx import TensorProto, helper
 
 from linnet.backends import CacheShape, Decode, Prefill, create_runner
@@ -62,11 +62,11 @@ def test_compiled_files_pass_the_full_check_and_run_in_a_plain_session(checkpoin
         assert np.abs(caches[0][1, :, :len(tokens)]).max() > 0 and not caches[0][0].any()  # row 1 written, row 0 not
 
 
-@pytest.mark.parametrize("case", [c.id for c in FAMILY_CASES])
+@pytest.mark.parametrize("case", [c.id for c in FAMILY_CASES + MOE_CASES])
 def test_every_familys_plain_graph_passes_the_full_check_and_gives_the_references_logits(checkpoint_dir, tmp_path,
                                                                                       case):
     """The plain graph (standard operators only: layer kinds, windows, softcaps, LayerNorms, GELUs, partial
-    rotary) in a plain session; the ort graph is the conformance suite's."""
+    rotary, attention sinks, the experts' Loop) in a plain session; the ort graph is the conformance suite's."""
     out = tmp_path / "onnx"
     assert main(["compile", str(checkpoint_dir(case)), "--target", "onnx", "-o", str(out)]) == 0
     onnx.checker.check_model(str(out / "model.onnx"), full_check=True)
@@ -83,9 +83,9 @@ def test_an_attention_attr_the_emitter_does_not_know_is_an_error_naming_it(check
     program = onnx_program(weights.spec, "f32")
     shapes = {name: array.shape for name, array in planned_arrays(weights, program).items()}
     layer = program.layer
-    ops = tuple(replace(op, attrs={**op.attrs, "sinks": 4}) if op.kind == "attention" else op for op in layer.ops)
+    ops = tuple(replace(op, attrs={**op.attrs, "alibi": 4}) if op.kind == "attention" else op for op in layer.ops)
     program = replace(program, kinds={kind: replace(layer, ops=ops) for kind in program.kinds})
-    with pytest.raises(LinnetError, match="attention's sinks"):
+    with pytest.raises(LinnetError, match="attention's alibi"):
         build_graph(program, shapes, 16, GraphOptions("plain"))
 
 

@@ -159,9 +159,11 @@ def row_window(rows: torch.Tensor) -> torch.Tensor | slice:
     return slice(first, first + rows.shape[0]) if consecutive else rows
 
 
-def attention(q, cache_k, cache_v, rows, mask, scale: float, softcap: float | None = None) -> torch.Tensor:
+def attention(q, cache_k, cache_v, rows, mask, scale: float, softcap: float | None = None,
+              sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [R, T, HEADS, D] against the rows' cache up to mask's length: mask [R, 1, T, keys] (causal, and
-    windowed for a sliding layer). Scores are q . k * scale, with a softcap c then c * tanh(scores / c)."""
+    windowed for a sliding layer). Scores are q . k * scale, with a softcap c then c * tanh(scores / c);
+    sinks [HEADS], a logit per head in the softmax's denominator that weighs no value."""
     span = mask.shape[-1]
     if torch.compiler.is_compiling():  # an exported step's span is symbolic: gathered (and fused into the
         within = torch.arange(span, device=q.device)  # loops that read it), as a view it would be fixed
@@ -169,16 +171,16 @@ def attention(q, cache_k, cache_v, rows, mask, scale: float, softcap: float | No
     else:
         keys, values = cache_k[rows, :, :span], cache_v[rows, :, :span]
     if compiled_decode(q):
-        return decode_attention(q, keys, values, mask, scale, softcap)
-    if q.shape[1] == 1:  # one query a row: a key head's group of query heads are the rows of one product
+        return decode_attention(q, keys, values, mask, scale, softcap, sinks)
+    if q.shape[1] == 1 and sinks is None:  # one query a row: a key head's group of query heads, one product's rows
         groups = HEADS // KV_HEADS
         scores = capped((q.view(q.shape[0], KV_HEADS, groups, HEAD_DIM) * scale) @ keys.transpose(-1, -2), softcap)
         scores = scores.masked_fill(~mask, float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
         return (scores @ values).view(q.shape[0], 1, HEADS * HEAD_DIM)
-    if softcap is not None:  # which SDPA has not: the scores in full, each key head repeated for its group
-        keys, values = (t.repeat_interleave(HEADS // KV_HEADS, 1) for t in (keys, values))
+    if softcap is not None or sinks is not None:  # which SDPA has not: the scores in full, each key head
+        keys, values = (t.repeat_interleave(HEADS // KV_HEADS, 1) for t in (keys, values))  # repeated
         scores = capped((q.transpose(1, 2) * scale) @ keys.transpose(-1, -2), softcap)
-        scores = scores.masked_fill(~mask, float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
+        scores = softmax(scores.masked_fill(~mask, float("-inf")), sinks, (1, HEADS, 1, 1)).to(q.dtype)
         return (scores @ values).transpose(1, 2).flatten(2)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, scale=scale,
                                          enable_gqa=True)
@@ -190,12 +192,22 @@ def capped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
     return scores if softcap is None else softcap * torch.tanh(scores.float() / softcap)
 
 
-def decode_attention(q, keys, values, mask, scale: float, softcap: float | None) -> torch.Tensor:
+def softmax(scores: torch.Tensor, sinks: torch.Tensor | None, heads: tuple[int, ...]) -> torch.Tensor:
+    """The softmax of scores over their last axis, in float32; with sinks, each head's (viewed as
+    ``heads``, to broadcast over scores) in the denominator as one more logit, which weighs no value."""
+    if sinks is None:
+        return scores.softmax(-1, dtype=torch.float32)
+    sink = sinks.float().view(heads).expand(*scores.shape[:-1], 1)
+    return torch.cat((scores.float(), sink), -1).softmax(-1)[..., :-1]
+
+
+def decode_attention(q, keys, values, mask, scale: float, softcap: float | None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One query per row as sums of products, which inductor fuses with the cache reads (no copies)."""
     rows, groups = q.shape[0], HEADS // KV_HEADS
     q = q.view(rows, KV_HEADS, groups, 1, HEAD_DIM) * scale
     scores = capped((q * keys[:, :, None]).sum(-1), softcap)  # [R, KV_HEADS, groups, positions]
-    scores = scores.masked_fill(~mask[:, :, 0, None], float("-inf")).softmax(-1, dtype=torch.float32)
+    scores = softmax(scores.masked_fill(~mask[:, :, 0, None], float("-inf")), sinks, (1, KV_HEADS, groups, 1))
     out = (scores[..., None] * values[:, :, None].float()).sum(-2)  # [R, KV_HEADS, groups, HEAD_DIM]
     return out.to(q.dtype).view(rows, 1, HEADS * HEAD_DIM)
 

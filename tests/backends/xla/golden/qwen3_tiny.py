@@ -71,9 +71,10 @@ def cache_write(cache: jax.Array, rows: jax.Array, positions: jax.Array, value: 
 
 
 def attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, rows: jax.Array, mask: jax.Array, scale: float,
-              softcap: float | None = None) -> jax.Array:
+              softcap: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
     """q [R, T, HEADS, D] against the rows' cache, in float32; mask [R, T, POSITIONS]. A softcap bends the
-    scores into (-softcap, softcap) before the mask."""
+    scores into (-softcap, softcap) before the mask. Sinks [HEADS]: one more logit in each head's softmax,
+    which weighs no value."""
     r, t = q.shape[:2]
     keys, values = cache_k[rows].astype(jnp.float32), cache_v[rows].astype(jnp.float32)
     grouped = q.reshape(r, t, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM).astype(jnp.float32)
@@ -83,7 +84,12 @@ def attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, rows: jax.Ar
     if softcap is not None:
         scores = softcap * jnp.tanh(scores / softcap)
     scores = jnp.where(mask[:, None, :, None, :], scores, -jnp.inf)
-    out = jnp.einsum("rktgp,rkpd->rtkgd", jax.nn.softmax(scores, axis=-1), values)
+    if sinks is None:
+        probs = jax.nn.softmax(scores, axis=-1)
+    else:  # the sink's column, dropped after the softmax
+        sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, KV_HEADS, 1, -1, 1), (*scores.shape[:-1], 1))
+        probs = jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[..., :-1]
+    out = jnp.einsum("rktgp,rkpd->rtkgd", probs, values)
     return out.astype(q.dtype).reshape(r, t, HEADS * HEAD_DIM)
 
 
