@@ -4,12 +4,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from linnet.backends.runner import OK, Decode, Prefill, Runner
+from linnet.backends.runner import OK, Decode, Prefill, RowResult, Runner
 from linnet.errors import CacheFull, LinnetError
 from linnet.generation.text import TextStream
 from linnet.sampling import Sampling
 from linnet.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from linnet.speculative import Speculator
 
 
 @dataclass
@@ -39,10 +43,12 @@ def generate(
     stop: Sequence[str] = (),
     on_text: Callable[[str], None] | None = None,
     row: int = 0,
+    speculator: Speculator | None = None,
 ) -> GenerationResult:
     """Prefill ``prompt_ids`` into ``row`` and decode until EOS, a stop string or ``max_new_tokens``.
 
-    ``on_text`` receives the text as it becomes safe to show (needs ``tokenizer``).
+    ``on_text`` receives the text as it becomes safe to show (needs ``tokenizer``). A ``speculator``
+    (of this runner, row and sampling) advances the row several tokens a call where its drafts agree.
     """
     if max_new_tokens < 1:
         raise LinnetError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -64,29 +70,13 @@ def generate(
 
     start = time.perf_counter()
     runner.reset(row)
-    result = runner.step(prefill=[Prefill(row, list(prompt_ids))], sampling={row: sampling})[row]
-    while True:
-        if result.status != OK:
-            raise LinnetError(result.message)
-        token = result.token
-        assert token is not None  # a step that read a whole prompt, or decoded, samples
-        if not out.token_ids:
-            out.ttft_s = time.perf_counter() - start
-            first = time.perf_counter()
-        if token in eos:
-            out.finish_reason = "stop"
-            break
-        out.token_ids.append(token)
-        if stream is not None:
-            piece = stream.feed(token)
-            if piece and on_text:
-                on_text(piece)
-            if stream.stopped:
-                out.finish_reason = "stop"
-                break
-        if len(out.token_ids) == max_new_tokens:
-            break
-        result = runner.step(decode=[Decode(row, token)], sampling={row: sampling})[row]
+    tokens = [_token(runner.step(prefill=[Prefill(row, list(prompt_ids))], sampling={row: sampling}), row)]
+    out.ttft_s = time.perf_counter() - start
+    first = time.perf_counter()
+    while not _take(out, tokens, eos, stream, on_text, max_new_tokens):
+        room = max_new_tokens - len(out.token_ids)
+        more = speculator.advance([*out.prompt_ids, *out.token_ids], room) if speculator else None
+        tokens = more or [_token(runner.step(decode=[Decode(row, out.token_ids[-1])], sampling={row: sampling}), row)]
     out.decode_s = time.perf_counter() - first
     if stream is not None:
         rest = stream.finish()
@@ -94,3 +84,32 @@ def generate(
             on_text(rest)
         out.text = stream.text
     return out
+
+
+def _token(results: dict[int, RowResult], row: int) -> int:
+    result = results[row]
+    if result.status != OK:
+        raise LinnetError(result.message)
+    assert result.token is not None  # a step that read a whole prompt, or decoded, samples
+    return result.token
+
+
+def _take(out: GenerationResult, tokens: list[int], eos: set[int], stream: TextStream | None,
+          on_text: Callable[[str], None] | None, most: int) -> bool:
+    """Append ``tokens`` to ``out`` one at a time, streaming their text; whether the request is done
+    (EOS, a stop string, or ``most`` tokens: the tokens after that one are dropped)."""
+    for token in tokens:
+        if token in eos:
+            out.finish_reason = "stop"
+            return True
+        out.token_ids.append(token)
+        if stream is not None:
+            piece = stream.feed(token)
+            if piece and on_text:
+                on_text(piece)
+            if stream.stopped:
+                out.finish_reason = "stop"
+                return True
+        if len(out.token_ids) == most:
+            return True
+    return False
