@@ -16,7 +16,8 @@ from linnet.openmp import set_default_policy
 
 set_default_policy(os.environ)  # before torch loads OpenMP: waiting threads spin briefly, then sleep
 
-from linnet.errors import LinnetError  # noqa: E402 (after the OpenMP policy is set, on purpose)
+from linnet import __version__  # noqa: E402 (after the OpenMP policy is set, on purpose)
+from linnet.errors import LinnetError  # noqa: E402
 
 COMMANDS = ("run", "info", "compile", "bench", "export", "models", "site", "serve", "triton", "bench-serve")
 
@@ -38,12 +39,13 @@ class Parser(argparse.ArgumentParser):
     """A usage mistake is one line, like every other error: the flag and what is wrong with it."""
 
     def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"linnet: error: {message} (`{self.prog} --help` lists the options)\n")
+        self.exit(2, f"linnet: error: {one_line(message)} (`{one_line(self.prog)} --help` lists the options)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="linnet", description=__doc__, epilog=EPILOG,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"linnet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"linnet.commands.{name.replace('-', '_')}").register(sub)
@@ -90,8 +92,14 @@ def entry() -> typing.NoReturn:
 
 
 def fail(message: str) -> int:
-    print(f"linnet: error: {message}", file=sys.stderr)
+    print(f"linnet: error: {one_line(message)}", file=sys.stderr)
     return 2
+
+
+def one_line(message: str) -> str:
+    """The message on one line: a newline or other control character that came from the user's input (a
+    path, a flag's value) is shown escaped, as is a lone surrogate (a byte of an argument that is not UTF-8)."""
+    return "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in message)
 
 
 def interrupted() -> int:

@@ -11,6 +11,9 @@ import numpy as np
 
 from linnet.errors import LinnetError
 
+# The seeds every backend's generator takes: NumPy's any size, torch's 64 bits, JAX's a signed 64-bit integer.
+SEED_MAX = 2**63 - 1
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -26,6 +29,8 @@ class Sampling:
             raise LinnetError(f"top_k must be 0 (off) or positive, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise LinnetError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not 0 <= self.seed <= SEED_MAX:
+            raise LinnetError(f"seed must be in 0..2^63 - 1, got {self.seed}")
 
     @property
     def greedy(self) -> bool:
@@ -36,6 +41,12 @@ def sample_host(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator
     """One token id from a row of logits, on the host (NumPy): the definition backends sample by."""
     if sampling.greedy:
         return int(np.argmax(logits))
+    probs = probabilities(logits, sampling)
+    return int(rng.choice(probs.size, p=probs))
+
+
+def probabilities(logits: np.ndarray, sampling: Sampling) -> np.ndarray:
+    """The distribution a non-greedy ``sampling`` draws from, as float64 over the vocabulary."""
     scores = logits.astype(np.float64) / sampling.temperature
     if sampling.top_k and sampling.top_k < scores.size:
         cutoff = np.partition(scores, -sampling.top_k)[-sampling.top_k]
@@ -47,4 +58,4 @@ def sample_host(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator
         before = np.cumsum(probs[order]) - probs[order]  # mass of the tokens ranked above each one
         probs[order[before >= sampling.top_p]] = 0.0
         probs /= probs.sum()
-    return int(rng.choice(probs.size, p=probs))
+    return probs

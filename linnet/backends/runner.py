@@ -104,6 +104,14 @@ def groups_by_length(lengths: Sequence[int], most: int, call_tokens: int = CALL_
     return bounds[::-1]
 
 
+def _ring_lost(slots: int, window: int, held: int, start: int) -> bool:
+    """Whether a ring of ``slots`` for a ``window``, in a row that has written ``held`` positions in order,
+    has lost a key that the queries of a prefill at ``start`` read: position p stays until p + slots is
+    written, and the queries read back to ``start - window + 1`` (never so at 0: that prefill writes every
+    key its queries read)."""
+    return start > 0 and held > max(0, start - window + 1) + slots
+
+
 class Runner(ABC):
     name: str = "runner"
     prefill_chunk: int = 256  # the most tokens of one row a single model call takes
@@ -230,10 +238,23 @@ class Runner(ABC):
                           np.arange(size, dtype=np.int64), None)
         return time.perf_counter() - start
 
-    def reset(self, row: int) -> None:
+    def reset(self, row: int, keep: int = 0) -> None:
+        """Free ``row`` for a new request, keeping its first ``keep`` positions (a prefix the new request
+        shares with what the row held; ``can_keep`` says where that is possible)."""
         self._check_row(row)
-        self.lengths[row] = 0
+        if not self.can_keep(row, keep):
+            raise LinnetError(f"row {row} holds {self.lengths[row]} positions and cannot keep its first {keep}: "
+                              "its sliding layers' ring caches no longer hold them")
+        self.lengths[row] = keep
         self._samplers.pop(row, None)
+
+    def can_keep(self, row: int, keep: int) -> bool:
+        """Whether ``row`` can keep its first ``keep`` positions, its next prompt read from there. A ring of N
+        slots keeps position p until position p + N is written; the queries from ``keep`` on read back to
+        ``keep - W + 1``, which the row's earlier writes (up to what it holds) must not have overwritten."""
+        held = self.lengths[row]
+        return keep == 0 or (keep <= held and not any(_ring_lost(slots, window, held, keep)
+                                                       for slots, window in self.rings))
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "rows": self.cache.rows, "positions": self.cache.positions,
@@ -384,7 +405,7 @@ class Runner(ABC):
         if not 0 <= start <= held:
             raise LinnetError(f"prefill at position {start} leaves a gap: row {row} holds {held}")
         for slots, window in self.rings:  # a ring keeps the last N written: the window before start must be there
-            if held > slots and 0 < start < held - (slots - window + 1):
+            if _ring_lost(slots, window, held, start):
                 raise LinnetError(f"prefill at position {start} of row {row}, which holds {held}: its sliding layers' "
                                   f"ring caches ({slots} positions) no longer hold the {window - 1} before it; "
                                   "reset the row and prefill it from 0")

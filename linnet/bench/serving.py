@@ -41,6 +41,7 @@ class ServingProfile:
     prompt_max: int
     new_tokens: int
     concurrency: int  # requests in flight at most: the servers' rows
+    shared: int = 0  # tokens every prompt begins with (a system prompt), counted in its length
 
     @property
     def positions(self) -> int:
@@ -50,7 +51,8 @@ class ServingProfile:
         return Serving(self.requests, self.prompt_min, self.prompt_max, self.new_tokens, self.concurrency)
 
     def describe(self) -> str:
-        return (f"{self.requests} requests of {self.prompt_min}-{self.prompt_max} prompt tokens and "
+        shared = f" (the first {self.shared} shared by all)" if self.shared else ""
+        return (f"{self.requests} requests of {self.prompt_min}-{self.prompt_max} prompt tokens{shared} and "
                 f"{self.new_tokens} new tokens, at most {self.concurrency} in flight")
 
 
@@ -58,13 +60,16 @@ PROFILES = {p.name: p for p in (
     ServingProfile("seed", 256, 128, 512, 128, 64),  # the published pages' protocol
     ServingProfile("cpu-prompt", 64, 128, 512, 64, 16),  # prompt-heavy, sized for a CPU
     ServingProfile("cpu-decode", 64, 32, 128, 128, 16),  # decode-heavy
+    ServingProfile("cpu-chat", 64, 1024 + 32, 1024 + 128, 64, 16, shared=1024),  # a shared system prompt
 )}
 
 
 def random_prompts(vocab_size: int, profile: ServingProfile, seed: int = PROMPT_SEED) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     lengths = rng.integers(profile.prompt_min, profile.prompt_max + 1, profile.requests)
-    return [rng.integers(0, vocab_size, n).tolist() for n in lengths]
+    # drawn with the seed, so the warm-up's differs (a server must not find the load's in its cache)
+    shared = rng.integers(0, vocab_size, profile.shared).tolist() if profile.shared else []
+    return [shared + rng.integers(0, vocab_size, n - profile.shared).tolist() for n in lengths]
 
 
 @dataclass(frozen=True)

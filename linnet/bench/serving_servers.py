@@ -67,13 +67,13 @@ class Server:
 
 def server_ids(spec: str) -> tuple[str, str, bool]:
     """A server spec's row id, shown name and whether it is Linnet's (known before it starts)."""
-    if spec.startswith("linnet:"):
-        backend = spec.removeprefix("linnet:")
-        display = get_backend(backend).display if backend in backend_ids() else backend
-        return f"serve:{backend}", f"linnet.serve, {display}", True
-    if spec.startswith("triton:"):
-        backend = spec.removeprefix("triton:")
-        display = get_backend(backend).display if backend in backend_ids() else backend
+    if spec.startswith(("linnet:", "triton:")):
+        kind, backend = spec.split(":", 1)
+        if backend not in backend_ids():
+            raise NotRunnable(f"no Linnet backend {backend!r} in {spec!r} (known: {', '.join(backend_ids())})")
+        display = get_backend(backend).display
+        if kind == "linnet":
+            return f"serve:{backend}", f"linnet.serve, {display}", True
         return TRITON_ROWS + backend, f"Triton hosting linnet.serve, {display}", True
     if spec == "transformers":
         return "transformers:serve", "transformers serve", False
@@ -90,9 +90,7 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
     env = worker_environment(threads, "inherit")
     address = ["--host", "127.0.0.1", "--port", str(port)]
     if linnet:
-        backend = spec.split(":", 1)[1]
-        if backend not in backend_ids():
-            raise NotRunnable(f"no Linnet backend {backend!r} (known: {', '.join(backend_ids())})")
+        backend = spec.split(":", 1)[1]  # one server_ids knows
         if spec.startswith("triton:"):
             return triton_server(row_id, name, backend, model, port, positions, rows, queue, dtype, threads, env)
         command = [sys.executable, "-P", "-m", "linnet", "serve", model, "--backend", backend, "--dtype", dtype,

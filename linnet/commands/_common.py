@@ -5,6 +5,7 @@ import argparse
 
 from linnet.backends import CacheShape, Runner, backend_ids, create_runner
 from linnet.backends.registry import get_backend
+from linnet.commands._checks import threads, whole
 from linnet.default_model import DEFAULT_MODEL
 from linnet.dtypes import DTYPES
 from linnet.model import LoadedModel, open_model
@@ -20,8 +21,9 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="torch:eager", choices=backend_ids())
     parser.add_argument("--dtype", default="f32", choices=tuple(DTYPES))
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: the backend's choice)")
-    parser.add_argument("--devices", type=int, default=1,
+    parser.add_argument("--threads", type=threads, default=None,
+                        help="CPU threads, at most the CPUs this process may use (default: the backend's choice)")
+    parser.add_argument("--devices", type=whole(1), default=1,
                         help="shard the model over N devices, tensor-parallel (xla:jax; default: 1)")
     parser.add_argument("--quantize", default=None, metavar="FORM",
                         help="torch or onnx on a CPU: matrices in llama.cpp's blocks, q8_0, q4_0 or q4_1; gguf: a GGUF "
@@ -40,6 +42,10 @@ def onnx_when_fastest(dtype: str) -> str | None:
     if dtype != "f32" or not _torch_sees_no_gpu() or get_backend("onnx:cpu").unavailable() is not None:
         return None
     return "onnx:cpu"
+
+
+def torch_sees_gpu() -> bool:
+    return not _torch_sees_no_gpu()
 
 
 def _torch_sees_no_gpu() -> bool:

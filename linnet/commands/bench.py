@@ -12,8 +12,10 @@ from linnet.bench.all import PROFILES, TIME_LIMIT_S, AllSettings, run_all
 from linnet.bench.harness import OMP_WAIT_POLICIES, Settings, run_bench
 from linnet.bench.protocol import PEERS
 from linnet.bench.table import format_results
-from linnet.commands._checks import add_force_argument, whole
+from linnet.bench.workloads import WORKLOAD_NAMES
+from linnet.commands._checks import add_force_argument, path, threads, whole
 from linnet.commands._common import add_model_argument
+from linnet.commands._speculate import add_speculation_arguments, check_speculation_arguments
 from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
 from linnet.files import check_output
@@ -34,13 +36,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="at least 2: decode speed is timed from the first token on (default: 128)")
     parser.add_argument("--warmup", type=whole(0), default=3)
     parser.add_argument("--runs", type=whole(1), default=10)
-    parser.add_argument("--threads", type=whole(1), default=None, help="per worker (default: every core)")
+    parser.add_argument("--threads", type=threads, default=None, help="per worker (default: every core)")
     parser.add_argument("--omp-wait-policy", default=openmp.DEFAULT, choices=OMP_WAIT_POLICIES,
                         help="how the workers' OpenMP threads wait (default: brief, a short spin then sleep; "
                              "inherit leaves the environment alone)")
     parser.add_argument("--sequential", action="store_true",
                         help="run each subject's generations together, not taking turns with the others")
-    parser.add_argument("-o", "--output", help="write the results JSON here (with --all: into this directory)")
+    parser.add_argument("-o", "--output", type=path,
+                        help="write the results JSON here (with --all: into this directory)")
     parser.add_argument("--all", action="store_true",
                         help="every row this machine can run, one subject at a time, into -o DIR (docs/BENCH.md)")
     parser.add_argument("--profile", choices=tuple(PROFILES), default="seed",
@@ -48,6 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--resume", action="store_true", help="with --all: run only the rows the results file lacks")
     parser.add_argument("--time-limit", type=whole(1), default=TIME_LIMIT_S,
                         help=f"with --all: seconds each row may take (default: {TIME_LIMIT_S})")
+    add_speculation_arguments(parser)
+    parser.add_argument("--workload", choices=WORKLOAD_NAMES, default="all",
+                        help="with --speculate: the prompts, one kind, 'copying' or 'all' (default: all)")
     add_force_argument(parser)
     parser.set_defaults(func=handle)
 
@@ -60,6 +66,11 @@ def subjects(args: argparse.Namespace) -> tuple[str, ...]:
 def handle(args: argparse.Namespace) -> int:
     if args.all:
         return handle_all(args)
+    check_speculation_arguments(args)
+    if args.speculate:
+        from linnet.commands.bench_speculate import handle_speculation
+
+        return handle_speculation(args)
     if args.output:  # before the minutes of measuring, not after
         check_output(args.output, args.force)
     protocol = Protocol(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, batch=1,

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from linnet.bench.serving import PROFILES, ServingProfile, format_serving, serving_results
-from linnet.commands._checks import add_force_argument, whole
+from linnet.bench.serving_servers import NotRunnable, server_ids
+from linnet.commands._checks import add_force_argument, path, text, threads, whole
 from linnet.commands._common import add_model_argument
 from linnet.commands.serve import default_backend
 from linnet.dtypes import DTYPES
@@ -19,7 +20,7 @@ from linnet.results import save_results
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("bench-serve", help="measure servers under many concurrent requests")
     add_model_argument(parser)
-    parser.add_argument("--server", action="append", metavar="SERVER",
+    parser.add_argument("--server", type=text, action="append", metavar="SERVER",
                         help="linnet:BACKEND, triton:BACKEND (tritonserver hosting linnet.serve), transformers or "
                              "vllm (repeatable; default: linnet serve's own default backend); the peers need MODEL "
                              "as a Hugging Face directory (`linnet export hf`)")
@@ -30,13 +31,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--new-tokens", type=whole(1), help="tokens each request returns")
     parser.add_argument("--concurrency", type=whole(1), help="requests in flight at most, and the servers' rows")
     parser.add_argument("--dtype", default="f32", choices=tuple(DTYPES))
-    parser.add_argument("--threads", type=whole(1), default=None, help="per server (default: every core)")
+    parser.add_argument("--threads", type=threads, default=None, help="per server (default: every core)")
     parser.add_argument("--rounds", type=whole(1), default=1,
                         help="measure every server this many times, every other round in the reverse order; a row "
                              "holds the median over rounds (default: 1)")
-    parser.add_argument("--model-id", help="the registry id the results name (default: MODEL's registry name, "
-                                           "else its file or folder name)")
-    parser.add_argument("-o", "--output", help="write the results JSON here")
+    parser.add_argument("--model-id", type=text,
+                        help="the registry id the results name (default: MODEL's registry name, else its file or "
+                             "folder name)")
+    parser.add_argument("-o", "--output", type=path, help="write the results JSON here")
     add_force_argument(parser)
     parser.set_defaults(func=handle)
 
@@ -55,16 +57,22 @@ def profile_of(args: argparse.Namespace) -> ServingProfile:
             raise LinnetError(f"--prompt-tokens: need 1 <= MIN <= MAX, got {args.prompt_tokens!r}")
     changed = any(v is not None for v in (args.requests, args.prompt_tokens, args.new_tokens, args.concurrency))
     return ServingProfile(f"{base.name}, changed" if changed else base.name, args.requests or base.requests,
-                          low, high, args.new_tokens or base.new_tokens, args.concurrency or base.concurrency)
+                          low, high, args.new_tokens or base.new_tokens, args.concurrency or base.concurrency,
+                          min(base.shared, low))
 
 
 def handle(args: argparse.Namespace) -> int:
     if args.output:  # before the minutes of measuring, not after
         check_output(args.output, args.force)
+    servers = args.server or [f"linnet:{default_backend(args.dtype)}"]
+    for spec in servers:  # a typo is an error now, not a row "not run" after minutes of measuring the others
+        try:
+            server_ids(spec)
+        except NotRunnable as e:
+            raise LinnetError(f"--server: {e}") from None
     profile = profile_of(args)
     model_id = args.model_id or (args.model if not Path(args.model).exists() else resolve(args.model).name)
-    results = serving_results(args.model, model_id, args.server or [f"linnet:{default_backend(args.dtype)}"], profile,
-                              args.dtype, args.threads, rounds=args.rounds)
+    results = serving_results(args.model, model_id, servers, profile, args.dtype, args.threads, rounds=args.rounds)
     print(format_serving(results, profile))
     if args.output:
         save_results(results, args.output)

@@ -6,7 +6,7 @@ import importlib
 from pathlib import Path
 
 from linnet.backends.registry import packages
-from linnet.commands._checks import add_force_argument
+from linnet.commands._checks import add_force_argument, path
 from linnet.commands._common import add_model_argument
 from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="a backend: write its artifact to -o DIR (default: torch); "
                              "program: print the step as text")
     parser.add_argument("--dtype", default="f32", choices=tuple(DTYPES))
-    parser.add_argument("-o", "--output", help="directory to write (a backend target); file for the program")
+    parser.add_argument("-o", "--output", type=path, help="directory to write (a backend target); file for the program")
     add_force_argument(parser)
     parser.set_defaults(func=handle)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from linnet.commands._checks import add_force_argument
+from linnet.commands._checks import add_force_argument, path
 from linnet.commands._common import add_model_argument
 from linnet.dtypes import DTYPES
 from linnet.files import check_output
@@ -18,12 +18,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     formats = parser.add_subparsers(dest="format", required=True)
     hf = formats.add_parser("hf", help="an HF checkpoint directory (transformers, vLLM, SGLang, TGI)")
     add_model_argument(hf)
-    hf.add_argument("-o", "--output", required=True, help="directory to create")
+    hf.add_argument("-o", "--output", type=path, required=True, help="directory to create")
     hf.add_argument("--dtype", choices=DTYPES, default=None, help="weights' dtype (default: the model's)")
     add_force_argument(hf)
     gguf = formats.add_parser("gguf", help="a GGUF file (llama.cpp)")
     add_model_argument(gguf)
-    gguf.add_argument("-o", "--output", required=True, help="file to write")
+    gguf.add_argument("-o", "--output", type=path, required=True, help="file to write")
     gguf.add_argument("--type", choices=TYPES, default="f16", help="matrices' type (default: f16)")
     add_force_argument(gguf)
     parser.set_defaults(func=handle)

@@ -8,8 +8,10 @@ import sys
 from typing import TYPE_CHECKING, cast
 
 from linnet.backends.runner import Runner, cache_positions
-from linnet.commands._checks import number, whole
+from linnet.commands._cache import check_cache_memory, check_positions
+from linnet.commands._checks import message, number, seed, whole
 from linnet.commands._common import add_model_argument, add_runner_arguments, make_runner, onnx_when_fastest
+from linnet.commands._speculate import add_speculation_arguments, check_speculation_arguments, make_speculator
 from linnet.errors import LinnetError
 from linnet.generation import Sampling, generate
 from linnet.model import LoadedModel, open_model
@@ -22,36 +24,51 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("run", help="generate text from a prompt or chat message")
     add_model_argument(parser)
     what = parser.add_mutually_exclusive_group()
-    what.add_argument("--prompt", help="plain text prompt")
-    what.add_argument("--chat", help="a user message, wrapped in the model's chat template")
-    parser.add_argument("--system", help="system message for --chat")
+    what.add_argument("--prompt", type=message, help="plain text prompt")
+    what.add_argument("--chat", type=message, help="a user message, wrapped in the model's chat template")
+    parser.add_argument("--system", type=message, help="system message for --chat")
     add_runner_arguments(parser)
     parser.add_argument("--max-new-tokens", type=whole(1), default=128)
     parser.add_argument("--temperature", type=number(0, 100), default=0.0, help="0 is greedy (default)")
     parser.add_argument("--top-k", type=whole(0), default=0, help="0 keeps every token (default)")
     parser.add_argument("--top-p", type=number(0, 1, low_open=True), default=1.0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--seed", type=seed, default=None, help="0 to 2^63 - 1 (default: a random one)")
+    parser.add_argument("--stop", type=message, action="append", default=[], help="stop string (repeatable)")
+    add_speculation_arguments(parser)
     parser.add_argument("--cache-positions", type=whole(2), default=None,
-                        help="KV cache length (default: prompt + new tokens, rounded up to 128)")
+                        help="KV cache length, at most the model's maximum positions (default: prompt + new "
+                        "tokens, rounded up to 128)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     parser.set_defaults(func=handle, backend=None)  # None: the fastest this machine is ready to run (pick_runner)
 
 
 def handle(args: argparse.Namespace) -> int:
+    if args.prompt is None and args.chat is None:
+        raise LinnetError('give a prompt: --chat "a message" (wrapped in the model\'s chat template) or '
+                          '--prompt "text to continue"')
+    if args.system is not None and args.chat is None:
+        raise LinnetError("--system is the system message of --chat; with --prompt, write it into the prompt")
+    check_speculation_arguments(args)
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     model = open_model(args.model)
     tokenizer = model.tokenizer
     if tokenizer is None:
         raise LinnetError(f"{model.path} has no tokenizer.json; linnet run needs one")
-    if args.prompt is None:
+    if args.chat is not None:
         messages = [{"role": "system", "content": args.system}] if args.system else []
-        messages.append({"role": "user", "content": args.chat or "What is the capital of France?"})
-        prompt_ids = tokenizer.encode_chat(messages)
+        prompt_ids = tokenizer.encode_chat([*messages, {"role": "user", "content": args.chat}])
     else:
         prompt_ids = tokenizer.encode(args.prompt)
-    positions = args.cache_positions or min(cache_positions(len(prompt_ids) + args.max_new_tokens),
-                                            model.spec.max_positions)
+    most = model.spec.max_positions
+    if args.cache_positions is not None:
+        check_positions("--cache-positions", args.cache_positions, model.spec)
+    needed = len(prompt_ids) + args.max_new_tokens - 1  # the last new token is never stored
+    if needed > most:
+        raise LinnetError(f"the prompt's {len(prompt_ids)} tokens and up to {args.max_new_tokens} new tokens need "
+                          f"{len(prompt_ids)} + {args.max_new_tokens} - 1 = {needed} positions, more than the "
+                          f"model's {most}; shorten the prompt or lower --max-new-tokens")
+    positions = args.cache_positions or min(cache_positions(len(prompt_ids) + args.max_new_tokens), most)
+    check_cache_memory(model.spec, args.dtype, args.backend, 1, positions, "--cache-positions")
     runner = pick_runner(model, args, positions)
     warm_up_s = runner.warm_up()  # compiling (or loading compiled code) is timed apart from the request
     compile_s = getattr(runner, "compile_time", 0.0)
@@ -64,15 +81,16 @@ def handle(args: argparse.Namespace) -> int:
             sys.stdout.write(text)
             sys.stdout.flush()
 
+    speculator = make_speculator(args, model, runner, sampling, lambda draft: make_runner(draft, args, positions))
     try:
         result = generate(runner, prompt_ids, args.max_new_tokens, sampling, tokenizer=tokenizer, stop=args.stop,
-                          on_text=show)
+                          on_text=show, speculator=speculator)
     except KeyboardInterrupt:  # what was generated is kept: the line ended, or the JSON marked interrupted
         if args.json:
             print(json.dumps({"prompt_ids": prompt_ids, "text": "".join(shown), "finish_reason": "interrupted",
                               "model": str(model.path), "backend": args.backend, "dtype": args.dtype}))
-        elif shown:
-            print(flush=True)
+        else:
+            end_line(shown)
         raise
     summary = {
         "model": str(model.path),
@@ -87,14 +105,19 @@ def handle(args: argparse.Namespace) -> int:
         "decode_tok_s": round(result.decode_tok_s, 2),
         "new_tokens": len(result.token_ids),
         "finish_reason": result.finish_reason,
+        **({"speculation": speculator.report()} if speculator else {}),
     }
     if args.json:
         print(json.dumps({"prompt_ids": prompt_ids, "token_ids": result.token_ids, "text": result.text, **summary}))
     else:
+        end_line(shown)
         threads = f"{summary['threads']} threads, " if summary["threads"] else ""
         decode = f"{summary['decode_tok_s']:.1f} tok/s" if summary["new_tokens"] > 1 else "– (one token)"
+        if speculator:
+            decode += (f" ({speculator.drafter.name} drafts: {speculator.accepted} of {speculator.drafted} "
+                       "accepted)")
         print(
-            f"\n\n[{summary['new_tokens']} tokens, {summary['finish_reason']} · first token {summary['ttft_ms']:.0f} ms"
+            f"\n[{summary['new_tokens']} tokens, {summary['finish_reason']} · first token {summary['ttft_ms']:.0f} ms"
             f" · decode {decode} · load {summary['load_s']:.2f} s"
             f" + compiled steps {summary['compile_s']:.2f} s"
             f" + warm-up {summary['warm_up_s'] - summary['compile_s']:.2f} s"
@@ -104,6 +127,12 @@ def handle(args: argparse.Namespace) -> int:
     if getattr(args, "note", None):  # after the run, so that an error stays the first line
         print(args.note, file=sys.stderr)
     return 0
+
+
+def end_line(shown: list[str]) -> None:
+    """End the text's last line on stdout: a file or pipe it went to holds whole lines."""
+    if "".join(shown)[-1:] not in ("", "\n"):
+        print(flush=True)
 
 
 def pick_runner(model: LoadedModel, args: argparse.Namespace, positions: int) -> Runner:

@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 
-from linnet.commands._checks import whole
+from linnet.commands._cache import check_cache_memory, check_positions
+from linnet.commands._checks import port, size, text, whole
 from linnet.commands._common import add_model_argument, add_runner_arguments, make_runner, onnx_when_fastest
 from linnet.errors import LinnetError
 from linnet.model import open_model
-from linnet.serve.engine import STEP_PROMPT_TOKENS
+from linnet.serve.engine import STEP_PROMPT_TOKENS, Engine
+from linnet.tokenizer import Tokenizer
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,11 +25,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--prefill-tokens", type=whole(1), default=STEP_PROMPT_TOKENS,
                         help="prompt tokens a step reads over all rows (default %(default)s, vLLM's CPU server's); "
                         "fewer delay running streams less, more read a burst of prompts sooner")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    parser.add_argument("--port", type=whole(1), default=8000)
-    parser.add_argument("--api-key", default=os.environ.get("LINNET_API_KEY"),
+    parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                        help="read every prompt whole, rather than reusing a prefix a free row still holds")
+    parser.add_argument("--host", type=text, default="127.0.0.1", help="address to listen on (default: loopback only)")
+    parser.add_argument("--port", type=port, default=8000)
+    parser.add_argument("--api-key", type=text, default=os.environ.get("LINNET_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on /v1 (default: $LINNET_API_KEY, if set)")
-    parser.add_argument("--name", help="the model name clients send (default: MODEL as given)")
+    parser.add_argument("--name", type=text, help="the model name clients send (default: MODEL as given)")
+    parser.add_argument("--max-body", type=size, default="4M", metavar="SIZE",
+                        help="the largest request body, in bytes or with k, M or G (default: %(default)s); a larger "
+                        "one is refused (413) before it is read")
+    parser.add_argument("--drain-timeout", type=whole(0), default=30, metavar="SECONDS",
+                        help="on SIGINT or SIGTERM, how long the requests in flight may take to finish before they "
+                        "are cancelled (default: %(default)s)")
     parser.set_defaults(func=handle, backend=None)  # None: default_backend()
 
 
@@ -38,25 +49,63 @@ def default_backend(dtype: str = "f32") -> str:
 
 
 def handle(args: argparse.Namespace) -> int:
-    import uvicorn
+    try:
+        from linnet.serve.listen import listen
+    except ModuleNotFoundError as e:
+        raise LinnetError(f"linnet serve needs {e.name}: pip install 'linnet[serve]'") from None
 
-    from linnet.serve.app import create_app
-    from linnet.serve.engine import Engine
+    with listen(args.host, args.port) as listener:  # before the model loads: a taken port or unknown host fails now
+        return load_and_serve(args, listener)
+
+
+def load_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
     from linnet.serve.model_thread import ModelThread
 
     args.backend = args.backend or default_backend(args.dtype)
     model = open_model(args.model)
     if model.tokenizer is None:
         raise LinnetError(f"{model.path} has no tokenizer.json; linnet serve needs one")
-    if args.positions > model.spec.max_positions:
-        raise LinnetError(f"--positions {args.positions} is more than the model's {model.spec.max_positions}")
+    check_positions("--positions", args.positions, model.spec)
+    check_chat_fits(model.tokenizer, args.positions)
+    check_cache_memory(model.spec, args.dtype, args.backend, args.rows, args.positions, "--rows or --positions")
     thread = ModelThread()  # the runner is built, warmed up and stepped on one thread (linnet.serve.model_thread)
     runner = thread.run(make_runner, model, args, args.positions, rows=args.rows)
     engine = Engine(runner, model.tokenizer, max_queue=args.max_queue, prefill_tokens=args.prefill_tokens,
-                    thread=thread)
+                    thread=thread, prefix_cache=args.prefix_cache)
     engine.warm_up()
     name = args.name or args.model
+    host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address, as a URL writes it
     print(f"linnet serve: {name} on {args.backend} {args.dtype}, {args.rows} rows x {args.positions} positions, "
-          f"load {runner.load_time:.2f} s; http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    uvicorn.run(create_app(engine, name, args.api_key), host=args.host, port=args.port, log_level="warning")
+          f"load {runner.load_time:.2f} s; http://{host}:{args.port}/v1", file=sys.stderr, flush=True)
+    return serve(engine, name, args, listener)
+
+
+def serve(engine: Engine, name: str, args: argparse.Namespace, listener: socket.socket) -> int:
+    """Serve until SIGINT or SIGTERM, then drain: no new connections, the requests in flight finish (or are
+    cancelled after ``--drain-timeout``), and the process exits 0 with a line saying why it stopped."""
+    import uvicorn
+
+    from linnet.serve.app import create_app
+    from linnet.serve.listen import DrainingServer
+
+    app = create_app(engine, name, args.api_key, max_body=args.max_body)
+    server = DrainingServer(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.drain_timeout))
+    server.run(sockets=[listener])
+    print(f"linnet serve: stopped ({server.stopped_by or 'the server ended'})", file=sys.stderr, flush=True)
     return 0
+
+
+def check_chat_fits(tokenizer: Tokenizer, positions: int) -> None:
+    """Say so, once, when a row cannot hold the chat template around an empty message and a token of the
+    answer: every chat request would be refused. Not an error: completions of short prompts (a benchmark's
+    token ids) still fit."""
+    if tokenizer.chat_template is None:
+        return
+    try:
+        least = len(tokenizer.encode_chat([{"role": "user", "content": ""}]))
+    except LinnetError:  # a template that refuses an empty message: each request is checked as it comes
+        return
+    if least >= positions:
+        print(f"linnet serve: warning: --positions {positions} holds no chat request (the chat template around an "
+              f"empty message takes {least} tokens; {least + 1} would hold one); only /v1/completions can answer",
+              file=sys.stderr, flush=True)

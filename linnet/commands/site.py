@@ -4,19 +4,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from linnet.commands._checks import add_force_argument
+from linnet.commands._checks import add_force_argument, path
 from linnet.site.render import bundled_results, render_site
 from linnet.site.runs import ARCHIVE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("site", help="render the registry and results files as static HTML pages")
-    parser.add_argument("results", nargs="*", type=Path,
+    parser.add_argument("results", nargs="*", type=lambda text: Path(path(text)),
                         help="results files, or directories of them (*.json), shown beside the published "
                              "results that ship with Linnet")
     parser.add_argument("--without-published", action="store_true",
                         help="leave out the published results (with results files given)")
-    parser.add_argument("-o", "--output", type=Path, default=Path("site"), help="where to write (default: site)")
+    parser.add_argument("-o", "--output", type=lambda text: Path(path(text)), default=Path("site"),
+                        help="where to write (default: site)")
     add_force_argument(parser)
     parser.set_defaults(func=handle)
 

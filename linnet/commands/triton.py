@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from linnet.backends import backend_ids
-from linnet.commands._checks import add_force_argument, whole
+from linnet.commands._checks import add_force_argument, path, whole
 from linnet.commands._common import add_model_argument
 from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
@@ -17,7 +17,7 @@ from linnet.serve.engine import STEP_PROMPT_TOKENS
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("triton", help="write a Triton model repository that serves the model with linnet.serve")
     add_model_argument(parser)
-    parser.add_argument("-o", "--output", required=True, help="the repository directory to write")
+    parser.add_argument("-o", "--output", type=path, required=True, help="the repository directory to write")
     parser.add_argument("--name", default="linnet", help="the model's name in the repository (default: linnet)")
     parser.add_argument("--backend", default="torch:eager", choices=backend_ids())
     parser.add_argument("--dtype", default="f32", choices=tuple(DTYPES))

@@ -15,10 +15,12 @@ from typing import Any, cast
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from linnet.errors import LinnetError
+from linnet.serve.body import DEFAULT_MAX_BODY, BodyLimit, BodyTooLarge, ValidationError, invalid, parsed
 from linnet.serve.engine import Engine, Event, QueueFull, RequestError
 from linnet.serve.engine import Request as Submitted
 from linnet.serve.protocol import ChatBody, CompletionBody, GenerationBody, Responder, error_body, finish_reason
@@ -31,8 +33,10 @@ class APIError(Exception):
         self.status, self.body = status, error_body(message, type_, param, code)
 
 
-def create_app(engine: Engine, model_name: str, api_key: str | None = None) -> FastAPI:
-    """The app; it starts the engine's thread when it starts serving and stops it at shutdown."""
+def create_app(engine: Engine, model_name: str, api_key: str | None = None,
+               max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+    """The app; it starts the engine's thread when it starts serving and stops it at shutdown. A body past
+    ``max_body`` bytes is refused (413); bodies are parsed and tokenised off the event loop (``body``)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -46,6 +50,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None) -> F
     if tokenizer is None:
         raise LinnetError("serving needs the model's tokenizer, and this engine has none")
     app = FastAPI(title="Linnet", lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=max_body)
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -65,19 +70,28 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None) -> F
         return JSONResponse(e.body, status_code=e.status)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(request: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0]
-        where = [str(part) for part in first.get("loc", ()) if part != "body"]
-        if first.get("type") == "json_invalid":
-            message, param = f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}", None
-        else:
-            param = where[0] if where else None
-            message = f"{'.'.join(where) or 'body'}: {first['msg']}"
+    @app.exception_handler(ValidationError)
+    async def invalid_body(request: Request, e: RequestValidationError | ValidationError) -> JSONResponse:
+        message, param = invalid(list(e.errors()))
         return JSONResponse(error_body(message, param=param), status_code=400)
+
+    @app.exception_handler(BodyTooLarge)
+    async def body_too_large(request: Request, e: BodyTooLarge) -> JSONResponse:
+        return e.response()
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
         return JSONResponse(error_body(str(e.detail), code=str(e.status_code)), status_code=e.status_code)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, e: ClientDisconnect) -> Response:
+        """The client left while its body was read: no one to answer, nothing to log."""
+        return Response(status_code=499)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, e: Exception) -> JSONResponse:
+        """A bug: the client gets the API's error body (the traceback goes to the server's log)."""
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), status_code=500)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -94,8 +108,20 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None) -> F
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
                                             "owned_by": "linnet", "max_model_len": engine.runner.cache.positions}]}
 
+    # Each route reads its body (``CompletionBody``, ``ChatBody``) itself: parsed and tokenised on a worker
+    # thread by ``read_completion`` and ``read_chat``, not on the event loop as a declared body would be.
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
-    async def completions(body: CompletionBody, request: Request) -> Any:
+    async def completions(request: Request) -> Any:
+        body, ids = await parsed(request, read_completion)
+        return await generate(body, ids, Responder(model_name, chat=False), request)
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
+    async def chat(request: Request) -> Any:
+        body, ids = await parsed(request, read_chat)
+        return await generate(body, ids, Responder(model_name, chat=True), request)
+
+    def read_completion(raw: bytes) -> tuple[CompletionBody, list[int]]:
+        body = CompletionBody.model_validate_json(raw)
         check_model(body)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
@@ -103,17 +129,15 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None) -> F
                 raise APIError(400, "one prompt per request: this server does not batch prompts", param="prompt")
             prompt = prompt[0]
         # what is left of a list is token ids (or nothing): a list of strings was one string above
-        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else cast(list[int], prompt)
-        return await generate(body, ids, Responder(model_name, chat=False), request)
+        return body, tokenizer.encode(prompt) if isinstance(prompt, str) else cast(list[int], prompt)
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
-    async def chat(body: ChatBody, request: Request) -> Any:
+    def read_chat(raw: bytes) -> tuple[ChatBody, list[int]]:
+        body = ChatBody.model_validate_json(raw)
         check_model(body)
         try:
-            ids = tokenizer.encode_chat([m.as_template_input() for m in body.messages])
+            return body, tokenizer.encode_chat([m.as_template_input() for m in body.messages])
         except LinnetError as e:
             raise APIError(400, str(e), param="messages") from e
-        return await generate(body, ids, Responder(model_name, chat=True), request)
 
     async def generate(body: CompletionBody | ChatBody, ids: list[int], responder: Responder, request: Request) -> Any:
         loop = asyncio.get_running_loop()

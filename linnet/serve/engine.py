@@ -12,6 +12,11 @@ at its next model call). A request that finishes (EOS, stop id, stop string, max
 is cancelled frees its row at once; a waiting one takes it at the next step, or at the step's next
 prompt call.
 
+Prefix caching (on unless ``prefix_cache=False``): a freed row keeps the tokens it wrote warm, and a request
+takes the free row holding the longest prefix of its prompt (``Runner.can_keep``: as far as sliding layers'
+ring caches still hold it), reading only the rest; a running row is never shared. One engine runs one
+runner, so nothing is reused across models or dtypes.
+
 Callers on any thread use ``submit`` (validates, then queues or refuses) and ``Request.cancel``; events
 come back through the request's ``on_event`` callback, called on the engine thread (keep it quick: the
 HTTP side hands each event to its event loop with ``call_soon_threadsafe``), or, without a callback,
@@ -27,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from linnet.backends.runner import CACHE_FULL, OK, Decode, Prefill, RowResult, Runner
 from linnet.errors import LinnetError
@@ -46,6 +51,11 @@ STOP, LENGTH, CANCELLED, ERROR = "stop", "length", "cancelled", "error"
 # last first token of the burst comes sooner, the median one later (SmolLM2, 16 prompts at once: p99
 # 1408 against 1863 ms, p50 1233 against 498; docs/SERVE.md).
 STEP_PROMPT_TOKENS = 2048
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens ``a`` and ``b`` share from their beginnings."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 class RequestError(LinnetError):
@@ -81,6 +91,7 @@ class Event:
     prompt_tokens: int = 0
     completion_tokens: int = 0  # every token sampled, an ending EOS or stop id included
     error: str = ""
+    cached_tokens: int = 0  # prompt tokens whose keys and values the row already held (prefix caching)
 
 
 @dataclass
@@ -93,6 +104,7 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     error: str = ""
+    cached_tokens: int = 0
 
 
 class Request:
@@ -137,7 +149,7 @@ class Request:
             tokens += event.token_ids
         assert event.finish_reason is not None  # events() ends with the last
         return Completion("".join(text), tokens, event.finish_reason, event.prompt_tokens,
-                          event.completion_tokens, event.error)
+                          event.completion_tokens, event.error, event.cached_tokens)
 
 
 @dataclass
@@ -148,9 +160,16 @@ class _Running:
     stream: TextStream | None
     stops: frozenset[int]
     max_tokens: int
-    fed: int = 0  # prompt tokens written so far
+    fed: int = 0  # prompt tokens written so far, the cached ones included
+    cached: int = 0  # prompt tokens the row held already
     last: int | None = None  # the last token sampled, fed back in the next step
     sampled: int = 0
+    generated: list[int] = field(default_factory=list)  # every token sampled
+
+    def written(self) -> list[int]:
+        """The tokens whose keys and values the row holds: the prompt as far as it was read, and every token
+        sampled but the last (each is written when it is fed back)."""
+        return self.request.prompt_ids[:self.fed] + self.generated[:-1]
 
     def decode(self, row: int) -> Decode:
         """The next decode step of a row whose prompt has been read (and so has sampled)."""
@@ -160,7 +179,8 @@ class _Running:
 
 class Engine:
     def __init__(self, runner: Runner, tokenizer: Tokenizer | None = None, max_queue: int = 256,
-                 prefill_tokens: int = STEP_PROMPT_TOKENS, thread: ModelThread | None = None):
+                 prefill_tokens: int = STEP_PROMPT_TOKENS, thread: ModelThread | None = None,
+                 prefix_cache: bool = True):
         if max_queue < 0:
             raise LinnetError(f"max_queue must not be negative, got {max_queue}")
         if prefill_tokens < 1:
@@ -170,6 +190,8 @@ class Engine:
         self.eos_ids = frozenset(tokenizer.eos_ids if tokenizer else ())
         self.max_queue = max_queue
         self.prefill_tokens = prefill_tokens  # prompt tokens per step, all rows
+        self.prefix_cache = prefix_cache
+        self._held: list[list[int]] = [[] for _ in range(runner.cache.rows)]  # a free row's tokens, kept warm
         self.metrics = Metrics()
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
@@ -254,11 +276,11 @@ class Engine:
         positions, vocab = self.runner.cache.positions, self.runner.spec.vocab_size
         if not prompt_ids:
             raise RequestError("the prompt is empty", "prompt")
-        if any(not 0 <= t < vocab for t in prompt_ids):
-            raise RequestError(f"prompt token ids must lie in 0..{vocab - 1}", "prompt")
-        if len(prompt_ids) > positions:
+        if len(prompt_ids) > positions:  # before the ids are scanned: a long list is refused at once
             raise RequestError(f"the prompt has {len(prompt_ids)} tokens, more than a cache row's {positions} "
                                "positions", "prompt", "context_length_exceeded")
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise RequestError(f"prompt token ids must lie in 0..{vocab - 1}", "prompt")
         if params.max_tokens is not None:
             if params.max_tokens < 1:
                 raise RequestError(f"max_tokens must be at least 1, got {params.max_tokens}", "max_tokens")
@@ -306,14 +328,30 @@ class Engine:
                 self._admit(self._waiting.popleft())
 
     def _admit(self, request: Request) -> None:
-        row = heapq.heappop(self._free)
+        row, keep = self._pick_row(request.prompt_ids)
+        self._free.remove(row)
+        heapq.heapify(self._free)
         params = request.params
         stops = frozenset(params.stop_ids) | (frozenset() if params.ignore_eos else self.eos_ids)
         stream = TextStream(self.tokenizer, params.stop) if self.tokenizer else None
         max_tokens = params.max_tokens or self.max_tokens_for(len(request.prompt_ids))
         request.row = row
-        self.runner.reset(row)
-        self._running[row] = _Running(request, stream, stops, max_tokens)
+        self.runner.reset(row, keep)
+        self._held[row] = []
+        self._running[row] = _Running(request, stream, stops, max_tokens, fed=keep, cached=keep)
+
+    def _pick_row(self, prompt: list[int]) -> tuple[int, int]:
+        """The free row that holds the longest prefix of ``prompt`` the runner can keep (``Runner.can_keep``:
+        sliding layers' rings may have lost it), and that prefix's length; the lowest free row where none
+        holds any. The prompt's last token is always read, for the logits of the first new token."""
+        best = (0, -self._free[0])
+        if self.prefix_cache:
+            for row in self._free:
+                held = self._held[row]
+                n = common_prefix(held, prompt[:-1])
+                if n and self.runner.can_keep(row, n):
+                    best = max(best, (n, -row))
+        return -best[1], best[0]
 
     def _step(self) -> None:
         """Read prompts, a model call at a time, up to the step's budget; then decode the rows whose
@@ -375,6 +413,7 @@ class Engine:
             return
         token = result.token
         run.sampled += 1
+        run.generated.append(token)
         if run.sampled == 1:
             self.metrics.first_token(time.perf_counter() - request.submitted)
         if token in run.stops:
@@ -396,7 +435,11 @@ class Engine:
         row = request.row
         run = self._running.pop(row, None) if row is not None else None
         if row is not None and run is not None:
-            self.runner.reset(row)
+            held = run.written() if self.prefix_cache and reason != ERROR else []
+            if len(held) != self.runner.lengths[row]:  # not what the runner wrote: keep nothing
+                held = []
+            self.runner.reset(row, len(held))
+            self._held[row] = held
             heapq.heappush(self._free, row)
             if run.stream and not run.stream.stopped and reason != CANCELLED:
                 text += run.stream.finish()
@@ -404,8 +447,9 @@ class Engine:
             with self._cond:
                 if request in self._waiting:
                     self._waiting.remove(request)
-        self.metrics.finished(reason, run.fed if run else 0)
-        self._emit(request, Event(text, tokens, reason, len(request.prompt_ids), run.sampled if run else 0, error))
+        self.metrics.finished(reason, run.fed - run.cached if run else 0, run.cached if run else 0)
+        self._emit(request, Event(text, tokens, reason, len(request.prompt_ids), run.sampled if run else 0, error,
+                                  run.cached if run else 0))
 
     def _end_all(self, error: str) -> None:
         with self._cond:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from linnet.sampling import Sampling
+from linnet.sampling import SEED_MAX, Sampling
 from linnet.serve.engine import CANCELLED, ERROR, Event, Params, RequestError
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default; chat fills the row
@@ -30,7 +30,7 @@ class GenerationBody(Body):
     temperature: float = Field(1.0, ge=0.0, le=100.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1)  # vLLM's extension; 0 and -1 keep every token
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = []  # vLLM's extension
     ignore_eos: bool = False  # vLLM's extension
@@ -105,9 +105,10 @@ def finish_reason(event: Event) -> str | None:
     return event.finish_reason if event.finish_reason not in (ERROR, CANCELLED) else "error"
 
 
-def usage(event: Event) -> dict[str, int]:
+def usage(event: Event) -> dict[str, Any]:
     return {"prompt_tokens": event.prompt_tokens, "completion_tokens": event.completion_tokens,
-            "total_tokens": event.prompt_tokens + event.completion_tokens}
+            "total_tokens": event.prompt_tokens + event.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": event.cached_tokens}}
 
 
 class Responder:

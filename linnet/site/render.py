@@ -17,7 +17,6 @@ from pathlib import Path
 import jinja2
 
 from linnet import registry
-from linnet.errors import ResultsError
 from linnet.files import atomic_write, check_output
 from linnet.registry.schema import Entry
 from linnet.results import GROUPS, METRICS, Results, Row, load_results
@@ -25,6 +24,7 @@ from linnet.site import charts, compare, runs
 from linnet.site import format as fmt
 from linnet.site.cards import Card, cards
 from linnet.site.machines import Kind
+from linnet.site.unlisted import unlisted_entry
 
 HERE = Path(__file__).parent
 
@@ -76,6 +76,7 @@ class Model:
     entry: Entry
     loaded: list[runs.Run]  # every run of it, current and archived
     kinds: list[runs.KindRuns]  # in page order
+    listed: bool = True  # in the registry; else an entry made from its results alone (linnet.site.unlisted)
 
     @property
     def shown(self) -> list[runs.KindRuns]:
@@ -113,14 +114,10 @@ def _environment() -> jinja2.Environment:
 
 
 def _load(paths: Sequence[Path]) -> dict[str, list[tuple[Path, Results]]]:
-    """Results by model id, oldest first; a results file for a model not in the registry is an error."""
-    known = {e.id for e in registry.entries()}
+    """Results by model id, oldest first."""
     by_model: dict[str, list[tuple[Path, Results]]] = {}
     for path in paths:
         results = load_results(path)
-        if results.model not in known:
-            raise ResultsError(f"{path}: model: {results.model!r} is not in the registry "
-                               f"(known: {', '.join(sorted(known))})")
         by_model.setdefault(results.model, []).append((Path(path), results))
     for loaded in by_model.values():
         loaded.sort(key=lambda pr: datetime.fromisoformat(pr[1].timestamp))
@@ -148,6 +145,11 @@ def _models(by_model: dict[str, list[tuple[Path, Results]]]) -> list[Model]:
     for entry in registry.entries():
         loaded = [runs.run(p, r, p.resolve() in published) for p, r in by_model.get(entry.id, [])]
         models.append(Model(entry, loaded, runs.by_kind(loaded)))
+    taken = {m.entry.id for m in models}
+    for model_id in sorted(set(by_model) - taken):  # results of a model outside the registry: pages of their own
+        loaded = [runs.run(p, r, p.resolve() in published) for p, r in by_model[model_id]]
+        entry = unlisted_entry(model_id, by_model[model_id][-1][1], taken)
+        models.append(Model(entry, loaded, runs.by_kind(loaded), listed=False))
     return models
 
 
@@ -167,7 +169,8 @@ def _write_site(models: list[Model], out: Path) -> list[Path]:
         for run in model.loaded:
             (out / run.link).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(run.path, out / run.link)
-        shutil.copyfile(registry.MODELS_DIR / f"{entry.id}.toml", out / "registry" / f"{entry.id}.toml")
+        if model.listed:
+            shutil.copyfile(registry.MODELS_DIR / f"{entry.id}.toml", out / "registry" / f"{entry.id}.toml")
         for kind in model.shown:
             pages.append(page(model.page(kind.kind), "model.html.jinja", model=model, kind=kind,
                               section=_section(kind.lead) if kind.lead else None))

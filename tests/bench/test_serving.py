@@ -39,6 +39,16 @@ def test_prompts_are_fixed_and_in_range():
     assert len({len(p) for p in prompts}) > 1  # lengths vary
 
 
+def test_the_chat_profile_shares_a_system_prompt():
+    chat = PROFILES["cpu-chat"]
+    assert chat.describe() == ("64 requests of 1056-1152 prompt tokens (the first 1024 shared by all) and 64 new "
+                               "tokens, at most 16 in flight")
+    prompts = random_prompts(331, chat)
+    assert all(p[:1024] == prompts[0][:1024] and 32 <= len(p) - 1024 <= 128 for p in prompts)
+    assert len({tuple(p[1024:1032]) for p in prompts}) == len(prompts)  # the rest is each one's own
+    assert random_prompts(331, chat, seed=1)[0][:8] != prompts[0][:8]  # the warm-up's system prompt differs
+
+
 def test_the_warm_up_shares_no_prefix_with_the_load(checkpoint_dir):
     """A server that caches prefixes (vLLM) must not find a load prompt in its cache from the warm-up."""
     loaded = open_model(str(checkpoint_dir(CASE)))

@@ -35,7 +35,7 @@ def test_info_json(checkpoint_dir, capsys):
     ("args", "message"),
     [
         (["run", "/no/such/model", "--prompt", "x"], "no such model file or directory"),
-        (["run", "{model}", "--prompt", "x" * 200, "--cache-positions", "64"], "cache"),
+        (["run", "{model}", "--prompt", "x" * 200, "--max-new-tokens", "8", "--cache-positions", "64"], "cache"),
         (["run", "{model}", "--prompt", "x", "--top-p", "0"], "argument --top-p: must be in (0, 1]"),
     ],
 )
@@ -54,11 +54,11 @@ def test_unsupported_architecture_is_named(checkpoint_dir, tmp_path):
     model = tmp_path / "m"
     shutil.copytree(checkpoint_dir("qwen3-gqa3"), model)
     config = json.loads((model / "config.json").read_text())
-    config["architectures"] = ["MixtralForCausalLM"]
+    config["architectures"] = ["DeepseekV3ForCausalLM"]
     (model / "config.json").write_text(json.dumps(config))
     result = subprocess.run([sys.executable, "-m", "linnet", "info", str(model)], capture_output=True, text=True,
                             timeout=300)
-    assert result.returncode == 2 and "architecture 'MixtralForCausalLM' is not supported" in result.stderr
+    assert result.returncode == 2 and "architecture 'DeepseekV3ForCausalLM' is not supported" in result.stderr
 
 
 def test_compile_prints_the_program(checkpoint_dir, capsys):
@@ -102,3 +102,15 @@ def test_info_reports_the_cache_bytes_of_a_row(checkpoint_dir, capsys):
     # 2 layers x keys and values x 2 kv heads x head_dim 16 x 256 positions x 4 bytes (f32)
     assert info["kv_cache_bytes_per_row"] == 2 * 2 * 2 * 16 * 256 * 4
     assert info["layer_types"] == ["sliding", "full"] and info["sliding_window"] == 6
+
+
+def test_info_counts_a_sliding_layers_ring(checkpoint_dir, capsys, monkeypatch):
+    import json
+
+    from linnet.backends.runner import Runner
+    from linnet.cli import main
+
+    monkeypatch.setattr(Runner, "prefill_chunk", 4)  # rings of 6 + 4 - 1 slots, fewer than 256 positions
+    assert main(["info", str(checkpoint_dir("gemma2-softcap-window6")), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["kv_cache_bytes_per_row"] == 2 * 2 * 16 * (9 + 256) * 4  # the sliding layer's 9, the full one's 256

@@ -158,7 +158,8 @@ def test_a_cancelled_request_frees_its_row_at_once(checkpoint_dir):
         long.cancel()
         last = list(events)[-1]
         assert last.finish_reason == CANCELLED and last.completion_tokens < POSITIONS - 4
-        assert engine.rows_busy == 0 and runner.lengths == [0]
+        # the row is free, and holds what the request wrote (prefix caching): all its tokens but the last
+        assert engine.rows_busy == 0 and runner.lengths == [4 + last.completion_tokens - 1]
         after = engine.submit(prompt(6, 2), Params(max_tokens=5, ignore_eos=True)).result()
         assert after.token_ids == generate(runner, prompt(6, 2), 5, eos_ids=[]).token_ids
         waiting = engine.submit(prompt(3, 3), Params(max_tokens=None, ignore_eos=True))

@@ -96,6 +96,31 @@ def test_streaming_with_usage(client, model, reference, chat):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_a_shared_prefix_is_reported_as_cached(server, client, model, reference):
+    """A chat whose system prompt a free row still holds reads only the rest; the usage says how much it
+    reused, whole and streamed, on both endpoints, and the answers are those read whole."""
+    system = {"role": "system", "content": "Answer briefly about foxes."}
+    turns = [[system, {"role": "user", "content": question}] for question in ("Who jumps?", "Who sleeps?")]
+    ids = [model.tokenizer.encode_chat(messages) for messages in turns]
+    shared = next(i for i, (a, b) in enumerate(zip(*ids)) if a != b)
+    cached_before = metric(server[1], "linnet_prompt_tokens_cached_total")
+    options = dict(model=NAME, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    first = client.chat.completions.create(messages=turns[0], **options)
+    second = client.chat.completions.create(messages=turns[1], **options)
+    assert [first.choices[0].message.content, second.choices[0].message.content] == \
+        [reference(i, 6).text for i in ids]
+    assert second.usage.prompt_tokens_details.cached_tokens == shared > 20
+    again = list(client.chat.completions.create(messages=turns[1], stream=True,
+                                                stream_options={"include_usage": True}, **options))
+    assert "".join(c.choices[0].delta.content or "" for c in again if c.choices) == reference(ids[1], 6).text
+    assert again[-1].usage.prompt_tokens_details.cached_tokens == len(ids[1]) - 1  # all but the last
+    completion = client.completions.create(prompt=ids[1], **options)
+    assert completion.usage.prompt_tokens_details.cached_tokens == len(ids[1]) - 1
+    assert completion.choices[0].text == reference(ids[1], 6).text
+    reused = sum(out.usage.prompt_tokens_details.cached_tokens for out in (first, second, again[-1], completion))
+    assert metric(server[1], "linnet_prompt_tokens_cached_total") - cached_before == reused
+
+
 def test_stop_strings_split_across_tokens(client, model, reference):
     ids = model.tokenizer.encode(FOX)
     stop, before = stop_across_tokens(model.tokenizer, reference(ids, 30).token_ids)
@@ -149,7 +174,8 @@ def test_64_concurrent_streams_with_some_clients_disconnecting(server, model, re
     wait_idle(engine)
     assert metric(url, "linnet_rows_busy") == 0 and metric(url, "linnet_queue_length") == 0
     assert metric(url, 'linnet_requests_total{finish_reason="cancelled"}') - before == len(leaving)
-    assert engine.runner.lengths == [0] * ROWS  # every row was reset when its request ended
+    # every row is free, holding only what its last request wrote (kept warm for prefix caching)
+    assert engine.runner.lengths == [len(held) for held in engine._held]
 
 
 BAD_REQUESTS = [

@@ -16,7 +16,6 @@ from pagetext import Page, squash
 
 from linnet import registry
 from linnet.commands import site as site_command
-from linnet.errors import ResultsError
 from linnet.results import Machine, Row, load_results, save_results
 from linnet.site import format as fmt
 from linnet.site.render import bundled_results, render_site
@@ -187,10 +186,18 @@ def test_the_history_shows_changes_within_a_kind_and_protocol(tmp_path: Path):
     assert squash("superseded (move it to archive/)") in history  # before.json: after.json measured all of it again
 
 
-def test_results_for_a_model_not_in_the_registry(tmp_path: Path):
-    path = _with_rows(tmp_path, "r.json", model="gpt-9")
-    with pytest.raises(ResultsError, match=r"r\.json: model: 'gpt-9' is not in the registry"):
-        render_site([path], tmp_path / "out")
+def test_results_of_a_model_outside_the_registry_get_pages_of_their_own(tmp_path: Path):
+    """``linnet bench -o`` writes results for any model: the site draws its pages from the results alone,
+    named after a safe form of its id, with none of what only a registry entry holds."""
+    path = _with_rows(tmp_path, "r.json", model="My Org/GPT 9")
+    render_site([path], tmp_path / "out")
+    out = tmp_path / "out"
+    page = Page((out / "unlisted-my-org-gpt-9.html").read_text())
+    assert squash("My Org/GPT 9 Not in Linnet's registry") in squash(page.text)
+    assert len(page.charts) == 6 and "Registry entry" not in page.text
+    assert (out / "results" / "r.json").is_file() and not (out / "registry" / "unlisted-my-org-gpt-9.toml").exists()
+    index = (out / "index.html").read_text()
+    assert 'href="unlisted-my-org-gpt-9.html"' in index and "registry/unlisted" not in index
 
 
 def test_site_command_renders_the_bundled_results(tmp_path: Path, capsys):
