@@ -146,10 +146,11 @@ def cached_path(source: str, key: str) -> Path:
 
 
 def cached_arrays(
-    source: str | None, key: str, build: Callable[[], dict[str, np.ndarray]]
+    source: str | None, key: str, build: Callable[[], dict[str, np.ndarray]], settle: bool = True
 ) -> dict[str, np.ndarray]:
     """``build()``'s arrays, mapped read-only from the disk cache when ``source`` was converted as ``key``
-    says before; ``source`` None (weights made in memory) or ``LINNET_CACHE=off``: built, not kept."""
+    says before; ``source`` None (weights made in memory) or ``LINNET_CACHE=off``: built, not kept.
+    ``settle`` False: the file is not read ahead (a process that reads only its slices of the arrays)."""
     if source is None or os.environ.get("LINNET_CACHE") == "off":
         return build()
     path = cached_path(source, key)
@@ -161,5 +162,6 @@ def cached_arrays(
         drop_from_page_cache(path)
         keep_within_budget(path)
     used(path)
-    settle_in_huge_pages(path)
+    if settle:
+        settle_in_huge_pages(path)
     return map_safetensors(path)

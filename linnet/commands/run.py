@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, cast
 from linnet.backends.runner import Runner, cache_positions
 from linnet.commands._cache import check_cache_memory, check_positions
 from linnet.commands._checks import message, number, seed, whole
-from linnet.commands._common import add_model_argument, add_runner_arguments, make_runner, onnx_when_fastest
+from linnet.commands._common import (
+    add_model_argument,
+    add_runner_arguments,
+    check_process_arguments,
+    make_runner,
+    onnx_when_fastest,
+)
 from linnet.commands._speculate import add_speculation_arguments, check_speculation_arguments, make_speculator
 from linnet.errors import LinnetError
 from linnet.generation import Sampling, generate
@@ -49,7 +55,12 @@ def handle(args: argparse.Namespace) -> int:
     if args.system is not None and args.chat is None:
         raise LinnetError("--system is the system message of --chat; with --prompt, write it into the prompt")
     check_speculation_arguments(args)
+    check_process_arguments(args)
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    if args.num_processes > 1:
+        check_same_draws(args, sampling)
+    # with --num-processes, every process runs this same loop; process 0 alone shows the text
+    worker = bool(args.process_id)
     model = open_model(args.model)
     tokenizer = model.tokenizer
     if tokenizer is None:
@@ -77,7 +88,7 @@ def handle(args: argparse.Namespace) -> int:
 
     def show(text: str) -> None:
         shown.append(text)
-        if not args.json:
+        if not args.json and not worker:
             sys.stdout.write(text)
             sys.stdout.flush()
 
@@ -107,8 +118,14 @@ def handle(args: argparse.Namespace) -> int:
         "finish_reason": result.finish_reason,
         **({"speculation": speculator.report()} if speculator else {}),
     }
-    if args.json:
+    if args.num_processes > 1:
+        summary.update(num_processes=args.num_processes, process_id=args.process_id,
+                       devices=runner.describe().get("devices"))
+    if args.json:  # every process prints its own, for the script that started them
         print(json.dumps({"prompt_ids": prompt_ids, "token_ids": result.token_ids, "text": result.text, **summary}))
+    elif worker:
+        print(f"linnet run: process {args.process_id} of {args.num_processes} done ({summary['new_tokens']} tokens); "
+              "process 0 shows the text", file=sys.stderr)
     else:
         end_line(shown)
         threads = f"{summary['threads']} threads, " if summary["threads"] else ""
@@ -127,6 +144,16 @@ def handle(args: argparse.Namespace) -> int:
     if getattr(args, "note", None):  # after the run, so that an error stays the first line
         print(args.note, file=sys.stderr)
     return 0
+
+
+def check_same_draws(args: argparse.Namespace, sampling: Sampling) -> None:
+    """Every process must draw the same tokens, or their steps part ways: greedy, or sampling from one seed
+    that every process is given (the logits are the same in each)."""
+    if not sampling.greedy and args.seed is None:
+        raise LinnetError("--num-processes with --temperature above 0 needs --seed, the same in every process, so "
+                          "that every process draws the same tokens")
+    if args.speculate is not None:
+        raise LinnetError("--speculate runs in one process; leave it out with --num-processes")
 
 
 def end_line(shown: list[str]) -> None:

@@ -12,5 +12,5 @@ PACKAGE = BackendPackage(
                      ("stablehlo", "linnet.backends.xla.artifact:write_stablehlo")),
     threads="linnet.backends.xla.setup:set_threads",
     prepare="linnet.backends.xla.setup:prepare",
-    options=("devices",),
+    options=("devices", "num_processes", "process_id", "coordinator", "coordinator_timeout"),
 )

@@ -23,9 +23,9 @@ def xla_program(spec: ModelSpec, dtype: str = "f32", sharded: bool = False) -> P
     return program if sharded else fold_norm_weights(fuse_norm_linears(fuse_projections(program)))
 
 
-def stacked_weights(weights: Weights, program: Program) -> dict[str, np.ndarray]:
+def stacked_weights(weights: Weights, program: Program, settle: bool = True) -> dict[str, np.ndarray]:
     """Flat names (``embed``, ``layers.qkv`` [LAYERS, ...]) in the program's layout and dtype, converted
-    once and then mapped from the converted-weights cache."""
+    once and then mapped from the converted-weights cache (read ahead unless ``settle`` is False)."""
     plan = WeightPlan.of(program)
     layers = weights.spec.num_layers
 
@@ -41,7 +41,7 @@ def stacked_weights(weights: Weights, program: Program) -> dict[str, np.ndarray]
         return out
 
     key = f"stacked {plan!r} by {code_identity(sys.modules[__name__])}"
-    return cached_arrays(weights.source, key, build)
+    return cached_arrays(weights.source, key, build, settle)
 
 
 def as_tree(flat: dict[str, np.ndarray], layers: int) -> dict[str, object]:

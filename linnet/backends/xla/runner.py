@@ -21,7 +21,7 @@ from linnet.backends.runner import CacheShape, Runner
 from linnet.backends.xla import disk_cache
 from linnet.backends.xla.codegen import generate_source
 from linnet.backends.xla.layout import as_tree, stacked_weights, xla_program
-from linnet.backends.xla.sharding import Sharding
+from linnet.backends.xla.sharding import Sharding, place
 from linnet.dtypes import DTYPES
 from linnet.errors import LinnetError
 from linnet.rope import rope_tables
@@ -113,39 +113,45 @@ class XlaRunner(Runner):
     def describe(self) -> dict:
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         # XLA's CPU client sized its thread pools from the CPUs this process may use (setup.set_threads)
-        return {**super().describe(), "dtype": self.dtype, "device": str(jax.devices()[0]), "threads": threads}
+        return {**super().describe(), "dtype": self.dtype, "device": str(jax.local_devices()[0]), "threads": threads}
 
     def peak_memory(self) -> int:
         """The device's allocator peak where it reports one (a GPU); the process's peak RSS on a CPU."""
-        stats = jax.devices()[0].memory_stats() or {}
+        stats = jax.local_devices()[0].memory_stats() or {}  # this process's: another's cannot be asked
         return stats.get("peak_bytes_in_use") or super().peak_memory()
 
 
 class JaxRunner(XlaRunner):
     """The generated JAX module's ``step`` under ``jax.jit``, its caches donated."""
 
-    def __init__(self, weights: Weights, cache: CacheShape = CacheShape(), dtype: str = "f32", devices: int = 1):
+    def __init__(self, weights: Weights, cache: CacheShape = CacheShape(), dtype: str = "f32", devices: int = 1,
+                 processes: int = 1):
+        """``processes`` > 1: this process has joined others (``distributed.join``), and the step is sharded
+        over every process's devices."""
         super().__init__(weights, cache, dtype, "jax")
         start = time.perf_counter()
         spec = weights.spec
-        self.devices = devices
-        program = self._with_rings(xla_program(spec, dtype, sharded=devices > 1))
+        self.devices, self.processes = devices, processes
+        sharded = devices > 1 or processes > 1
+        program = self._with_rings(xla_program(spec, dtype, sharded=sharded))
         self.source = generate_source(program)
         module = load_generated_module(self.source)
-        tree = as_tree(stacked_weights(weights, program), spec.num_layers)
+        # across processes each reads only its slices of the mapped file (sharding.place), so none reads it all ahead
+        tree = as_tree(stacked_weights(weights, program, settle=processes == 1), spec.num_layers)
         zeros = [np.zeros((cache.rows, spec.num_kv_heads, program.cache_slots(kind, cache.positions), spec.head_dim),
                           DTYPES[dtype].numpy) for kind in program.layer_kinds]
         cos, sin = rope_tables(spec, self.positions)
-        if devices == 1:
+        if not sharded:
             self.weights = jax.device_put(tree)
             self.cache_k, self.cache_v = ([jax.device_put(layer) for layer in zeros] for _ in "kv")
             self.rope = jax.device_put(cos), jax.device_put(sin)
             self._step = jax.jit(module.step, donate_argnames=("cache_k", "cache_v"))
         else:
-            sharding = Sharding(spec, devices)
+            sharding = Sharding(spec, devices, processes)
+            self.devices = sharding.mesh.size
             self.weights = sharding.put(tree)
-            self.cache_k, self.cache_v = ([jax.device_put(layer, sharding.cache) for layer in zeros] for _ in "kv")
-            self.rope = tuple(jax.device_put(t, sharding.replicated) for t in (cos, sin))
+            self.cache_k, self.cache_v = ([place(layer, sharding.cache) for layer in zeros] for _ in "kv")
+            self.rope = place(cos, sharding.replicated), place(sin, sharding.replicated)
             caches = [sharding.cache] * spec.num_layers
             out = (sharding.replicated, caches, caches)
             self._step = jax.jit(module.step, donate_argnames=("cache_k", "cache_v"), out_shardings=out)
@@ -159,4 +165,4 @@ class JaxRunner(XlaRunner):
         return logits
 
     def describe(self) -> dict:
-        return {**super().describe(), "devices": self.devices}
+        return {**super().describe(), "devices": self.devices, "processes": self.processes}
