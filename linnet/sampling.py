@@ -47,7 +47,8 @@ def sample_host(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator
 
 def probabilities(logits: np.ndarray, sampling: Sampling) -> np.ndarray:
     """The distribution a non-greedy ``sampling`` draws from, as float64 over the vocabulary."""
-    scores = logits.astype(np.float64) / sampling.temperature
+    scores = logits.astype(np.float64)
+    scores = (scores - scores.max()) / sampling.temperature  # shifted first: a tiny temperature must not overflow
     if sampling.top_k and sampling.top_k < scores.size:
         cutoff = np.partition(scores, -sampling.top_k)[-sampling.top_k]
         scores = np.where(scores >= cutoff, scores, -np.inf)

@@ -5,6 +5,7 @@ stops on any of them.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -67,7 +68,11 @@ class Tokenizer:
             if piece:
                 yield piece
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> str:
+        """The conversation through the chat template; ``tools`` (the API's tool definitions) as Hugging Face
+        templates take them. Messages pass as given: a tool message's ``tool_call_id`` and an assistant's
+        ``tool_calls`` reach the template."""
         if not self.chat_template:
             raise UnsupportedModel("this model has no chat template; use a plain prompt instead")
         origin = self.template_origin
@@ -78,12 +83,14 @@ class Tokenizer:
         env = _TemplateEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(str(fmt))
+        env.filters["tojson"] = _tojson  # as transformers renders it: templates write tools and arguments with it
         try:
             if not isinstance(self.chat_template, str):
                 raise TypeError(f"expected a string, got {type(self.chat_template).__name__}")
             return env.from_string(self.chat_template).render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
+                tools=tools,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
             )
@@ -93,10 +100,16 @@ class Tokenizer:
             detail = str(e).splitlines()[0] if str(e).strip() else ""
             raise UnsupportedModel(f"{origin} fails: {type(e).__name__}: {detail}"[:500]) from None
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         # The template writes the special tokens itself (BOS included), so none are added again.
-        ids = self.encode(self.render_chat(messages), add_special_tokens=False)
+        ids = self.encode(self.render_chat(messages, tools=tools), add_special_tokens=False)
         return ids
+
+
+def _tojson(value: Any, indent: int | None = None, separators: tuple[str, str] | None = None,
+            sort_keys: bool = False) -> str:
+    """transformers' ``tojson``: plain JSON, not jinja's HTML-safe one (which writes ``<`` as ``\\u003c``)."""
+    return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 class _TemplateEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):

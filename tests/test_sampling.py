@@ -40,6 +40,21 @@ def test_low_temperature_sharpens():
     assert cold.count(1) > hot.count(1)
 
 
+
+def test_the_smallest_temperature_is_all_but_greedy():
+    """5e-324 overflowed the scores to inf and the probabilities to NaN (a 500 from the server's fuzzer)."""
+    assert set(draws(Sampling(temperature=5e-324, seed=0), 20)) == {1}
+
+
+def test_the_torch_draw_takes_the_smallest_temperature():
+    torch = pytest.importorskip("torch")
+    from linnet.backends.torch.runner import draw
+
+    generator = torch.Generator().manual_seed(0)
+    picks = {int(draw(torch.from_numpy(LOGITS), Sampling(temperature=5e-324), generator)) for _ in range(20)}
+    assert picks == {1}
+
+
 @pytest.mark.parametrize("kwargs", [{"temperature": -1}, {"top_k": -2}, {"top_p": 0.0}, {"top_p": 1.5}])
 def test_bad_parameters_are_named(kwargs):
     with pytest.raises(LinnetError, match=next(iter(kwargs))):

@@ -20,8 +20,8 @@ from __future__ import annotations
 import resource
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,9 @@ from linnet.program.rings import ring_caches, rings
 from linnet.sampling import Sampling, sample_host
 from linnet.spec import ModelSpec
 
-OK, CACHE_FULL, BAD_TOKENS = "ok", "cache_full", "bad_tokens"
+# NO_TOKENS: a control's ``adjust`` left no token to draw (every logit -inf, or a NaN)
+OK, CACHE_FULL, BAD_TOKENS, NO_TOKENS = "ok", "cache_full", "bad_tokens", "no_tokens"
+HOST_STREAM = 0x6C6E  # mixed into a seed for host draws (``Runner._host_sampler``)
 GREEDY = Sampling()
 
 
@@ -59,6 +61,9 @@ class Prefill:
     tokens: Sequence[int]
     start: int = 0
     sample: bool = True
+    # report each token's logprob under the logits before it and this many top alternatives (0..20): the
+    # chunk is read alone with every position's logits on the host, and its drawn token is drawn there
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,23 @@ class Decode:
     token: int
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
+
+
+@dataclass(frozen=True)
+class Control:
+    """Per-row work on one step's logits, on the host, before the row's token is drawn."""
+
+    # edits the row's f32 logits [vocab] in place (grammar masks to -inf, penalties, logit_bias)
+    adjust: Callable[[np.ndarray], None] | None = None
+    # report the drawn token's log-probability and this many top alternatives (0..MAX_TOP_LOGPROBS)
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise LinnetError(f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {self.logprobs}")
+
+
 @dataclass
 class RowResult:
     row: int
@@ -76,6 +98,30 @@ class RowResult:
     token: int | None = None
     logits: np.ndarray | None = None  # [vocab] float32, when the step was asked for logits
     message: str = ""
+    # with a Control asking for logprobs: the drawn token's log-probability under the model's own
+    # distribution (log-softmax of its logits, before ``adjust``), and the most likely tokens, best first
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+    # with ``Prefill.prompt_logprobs``: (token, its logprob, the top alternatives) of each token of the chunk
+    # after the prompt's first, which has no logits before it
+    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log-softmax of one row of logits, computed in float64."""
+    scores = logits.astype(np.float64)
+    shifted = scores - scores.max()
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+def top_logprobs(logprobs: np.ndarray, count: int) -> list[tuple[int, float]]:
+    """The ``count`` most likely tokens and their log-probabilities, best first (ties: lower id first)."""
+    if count <= 0:
+        return []
+    count = min(count, logprobs.size)
+    best = np.argpartition(-logprobs, count - 1)[:count]
+    best = best[np.lexsort((best, -logprobs[best]))]
+    return [(int(t), float(logprobs[t])) for t in best]
 
 
 # A model call's own cost in padded prompt tokens, beside the tokens it reads: SmolLM2 on ONNX Runtime's CPU
@@ -137,6 +183,9 @@ class Runner(ABC):
         self.lengths = [0] * cache.rows  # tokens held by each row
         self.load_time = 0.0
         self._samplers: dict[int, tuple[Sampling, Any]] = {}  # row -> its sampling and random state
+        # the same for host draws (``_draw_picks``: rows whose logits a Control adjusts)
+        self._host_samplers: dict[int, tuple[Sampling, np.random.Generator]] = {}
+        self._prompt_tail: dict[int, np.ndarray] = {}  # row -> its last prompt chunk's last logits (``_read_scored``)
 
     # -- the contract -------------------------------------------------------------------------
     def step(
@@ -145,9 +194,13 @@ class Runner(ABC):
         decode: Sequence[Decode] = (),
         sampling: Mapping[int, Sampling] | None = None,
         logits: bool = False,
+        controls: Mapping[int, Control] | None = None,
     ) -> dict[int, RowResult]:
-        """One batched step; a result per row named. Rows without a ``sampling`` entry are greedy."""
+        """One batched step; a result per row named. Rows without a ``sampling`` entry are greedy. Rows with
+        a ``Control`` whose ``adjust`` is set draw on the host from their adjusted logits (``_draw_picks``); the
+        others draw where the model runs, as without controls."""
         sampling = sampling or {}
+        controls = controls or {}
         entries: list[Prefill | Decode] = [*prefill, *decode]
         rows = [e.row for e in entries]
         for row in rows:
@@ -172,10 +225,20 @@ class Runner(ABC):
                 results[entry.row] = RowResult(entry.row, status, message=str(e))
 
         picks: list[tuple[int, Any, int]] = []  # (row, logits array [R, 1, vocab], its index in R)
+        on_host: dict[int, np.ndarray] = {}  # row -> the logits [vocab] it draws from, already on the host
         for group in self.prompt_groups(ready_prefill):
             for p in group:
-                if p.start == 0:
-                    self._samplers.pop(p.row, None)  # a new request: a fresh random stream
+                if p.start == 0:  # a new request: fresh random streams
+                    self._samplers.pop(p.row, None)
+                    self._host_samplers.pop(p.row, None)
+                    self._prompt_tail.pop(p.row, None)
+            if group[0].prompt_logprobs is not None:  # alone (``prompt_groups``)
+                p = group[0]
+                read = self._read_scored(p, results[p.row])
+                self.lengths[p.row] = p.start + len(p.tokens)
+                if p.sample:
+                    on_host[p.row] = read
+                continue
             if len(group) == 1:
                 p = group[0]
                 outs = [(p, self._prefill_row(p.row, list(p.tokens), p.start, all_logits=False, pick=p.sample), 0)]
@@ -189,16 +252,83 @@ class Runner(ABC):
         if ready_decode:
             out, indices = self._decode_rows({d.row: d.token for d in ready_decode})
             picks += [(d.row, out, indices[d.row]) for d in ready_decode]
-        if picks:
-            stacked = self._stack([(array, index) for _, array, index in picks])
-            states = [self._sampler(row, sampling.get(row, GREEDY)) for row, _, _ in picks]
-            tokens = self._sample(stacked, states)
-            host = self._to_host(stacked) if logits else None
-            for i, (row, _, _) in enumerate(picks):
-                results[row].token = int(tokens[i])
-                if host is not None:
-                    results[row].logits = host[i]
+        if picks or on_host:
+            self._draw_picks(picks, sampling, controls, logits, results, on_host)
         return results
+
+    def _read_scored(self, p: Prefill, result: RowResult) -> np.ndarray:
+        """Read a prompt chunk with every position's logits on the host, reporting each token's logprob under
+        the logits before it (the chunk's first token's: the previous chunk's last, kept for it); the last
+        position's logits."""
+        assert p.prompt_logprobs is not None
+        every = self._prefill_row(p.row, list(p.tokens), p.start, all_logits=True)  # [T, vocab] host f32
+        before = self._prompt_tail.pop(p.row, None)
+        scored = [(before, p.tokens[0])] if before is not None else []
+        scored += [(every[i], p.tokens[i + 1]) for i in range(len(p.tokens) - 1)]
+        for row_logits, token in scored:
+            logprobs = log_softmax(row_logits)
+            result.prompt_logprobs.append((int(token), float(logprobs[token]),
+                                           top_logprobs(logprobs, p.prompt_logprobs)))
+        if not p.sample:
+            self._prompt_tail[p.row] = every[-1]
+        return np.array(every[-1], dtype=np.float32)
+
+    def _draw_picks(self, picks: list[tuple[int, Any, int]], sampling: Mapping[int, Sampling],
+                    controls: Mapping[int, Control], logits: bool, results: dict[int, RowResult],
+                    read_on_host: Mapping[int, np.ndarray]) -> None:
+        """Each picked row's token into ``results``. Rows whose control adjusts their logits bring them to the
+        host and draw there (greedy: the adjusted argmax), as do rows whose logits are there already
+        (``read_on_host``); the rest draw where the model runs, in one call, and only rows that report logits
+        or logprobs copy theirs to the host. A row that only asks for logprobs so draws the same tokens as
+        without them."""
+        on_host = {row for row, control in controls.items() if control.adjust is not None}
+        adjusted = [p for p in picks if p[0] in on_host]
+        on_device = [p for p in picks if p[0] not in on_host]
+        if on_device:
+            stacked = self._stack([(array, index) for _, array, index in on_device])
+            states = [self._sampler(row, sampling.get(row, GREEDY)) for row, _, _ in on_device]
+            tokens = self._sample(stacked, states)
+            for (row, _, _), token in zip(on_device, tokens):
+                results[row].token = int(token)
+            wanted = [p for p in on_device if logits or self._wants_logprobs(controls.get(p[0]))]
+            if wanted:
+                host = self._to_host(self._stack([(array, index) for _, array, index in wanted]))
+                for (row, _, _), row_logits in zip(wanted, host):
+                    self._report(results[row], row_logits, controls.get(row), logits)
+        host_rows: list[tuple[int, np.ndarray]] = list(read_on_host.items())
+        if adjusted:
+            # a copy: a backend's host view may be the step's own buffer, and ``adjust`` writes in place
+            host = np.array(self._to_host(self._stack([(array, index) for _, array, index in adjusted])),
+                            dtype=np.float32)
+            host_rows += [(row, row_logits) for (row, _, _), row_logits in zip(adjusted, host)]
+        for row, row_logits in host_rows:
+            control = controls.get(row)
+            raw = row_logits.copy() if logits or self._wants_logprobs(control) else None
+            if control is not None and control.adjust is not None:
+                control.adjust(row_logits)
+            if not np.isfinite(row_logits).any() or np.isnan(row_logits).any():
+                results[row].status = NO_TOKENS
+                results[row].message = "no token is left to draw: every one was masked out"
+                continue
+            state = self._host_sampler(row, sampling.get(row, GREEDY))
+            results[row].token = sample_host(row_logits, *state)
+            if raw is not None:
+                self._report(results[row], raw, control, logits)
+
+    @staticmethod
+    def _wants_logprobs(control: Control | None) -> bool:
+        return control is not None and control.logprobs is not None
+
+    @staticmethod
+    def _report(result: RowResult, raw: np.ndarray, control: Control | None, logits: bool) -> None:
+        """The row's logits (when asked) and its drawn token's logprobs (when its control asks), both from the
+        model's logits before any ``adjust``: OpenAI's and vLLM's (its default ``raw_logprobs``) meaning."""
+        if logits:
+            result.logits = raw
+        if control is not None and control.logprobs is not None and result.token is not None:
+            logprobs = log_softmax(raw)
+            result.logprob = float(logprobs[result.token])
+            result.top_logprobs = top_logprobs(logprobs, control.logprobs)
 
     def prefill(self, row: int, tokens: Sequence[int], start: int = 0, all_logits: bool = False) -> np.ndarray:
         """Write ``tokens`` at ``start..`` of ``row``; logits of the last position (or of every one)."""
@@ -247,6 +377,8 @@ class Runner(ABC):
                               "its sliding layers' ring caches no longer hold them")
         self.lengths[row] = keep
         self._samplers.pop(row, None)
+        self._host_samplers.pop(row, None)
+        self._prompt_tail.pop(row, None)
 
     def can_keep(self, row: int, keep: int) -> bool:
         """Whether ``row`` can keep its first ``keep`` positions, its next prompt read from there. A ring of N
@@ -336,7 +468,8 @@ class Runner(ABC):
         if not self.prompts_together:
             return [[p] for p in prefill]
         place = {id(p): i for i, p in enumerate(prefill)}
-        short = sorted((p for p in prefill if p.start == 0 and len(p.tokens) < self.prefill_chunk),
+        short = sorted((p for p in prefill if p.start == 0 and len(p.tokens) < self.prefill_chunk
+                        and p.prompt_logprobs is None),
                        key=lambda p: len(p.tokens))
         bounds = groups_by_length([len(p.tokens) for p in short], self.prefill_chunk)
         groups = [short[begin:end] for begin, end in bounds]
@@ -391,6 +524,16 @@ class Runner(ABC):
         kept = self._samplers.get(row)
         if kept is None or kept[0] != sampling:
             kept = self._samplers[row] = (sampling, self._new_rng(sampling.seed))
+        return kept
+
+    def _host_sampler(self, row: int, sampling: Sampling) -> tuple[Sampling, np.random.Generator]:
+        """The row's random stream for host draws (rows whose logits a ``Control`` adjusts), kept like
+        ``_sampler``'s. A seed gives a stream of its own, apart from the device's for the same seed: a row
+        that draws on both sides (a ban that ends after ``min_tokens``) does not replay its own numbers."""
+        kept = self._host_samplers.get(row)
+        if kept is None or kept[0] != sampling:
+            rng = np.random.default_rng(None if sampling.seed is None else (sampling.seed, HOST_STREAM))
+            kept = self._host_samplers[row] = (sampling, rng)
         return kept
 
     # -- checks --------------------------------------------------------------------------------

@@ -2,17 +2,23 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import socket
 import sys
+from typing import TYPE_CHECKING
 
 from linnet.commands._cache import check_cache_memory, check_positions
 from linnet.commands._checks import port, size, text, whole
 from linnet.commands._common import add_model_argument, add_runner_arguments, make_runner, onnx_when_fastest
 from linnet.errors import LinnetError
+from linnet.loaded_model import LoadedModel
 from linnet.model import open_model
 from linnet.serve.engine import STEP_PROMPT_TOKENS, Engine
 from linnet.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,8 +42,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="the largest request body, in bytes or with k, M or G (default: %(default)s); a larger "
                         "one is refused (413) before it is read")
     parser.add_argument("--drain-timeout", type=whole(0), default=30, metavar="SECONDS",
-                        help="on SIGINT or SIGTERM, how long the requests in flight may take to finish before they "
-                        "are cancelled (default: %(default)s)")
+                        help="on SIGINT or SIGTERM, how long the requests in flight may take to finish; those still "
+                        "running then end with an error their clients are sent (default: %(default)s)")
+    ray = parser.add_argument_group("replicas through Ray Serve (pip install 'linnet[ray]'; docs/SCALE.md)")
+    ray.add_argument("--replicas", type=whole(1), help="serve N replicas of the engine, routed by prompt prefix")
+    ray.add_argument("--ray-address", type=text, help="join this Ray cluster (default: start a local Ray)")
+    ray.add_argument("--min-replicas", type=whole(1), help="autoscale on queue length, from this many replicas ...")
+    ray.add_argument("--max-replicas", type=whole(1), help="... to this many")
     parser.set_defaults(func=handle, backend=None)  # None: default_backend()
 
 
@@ -54,13 +65,18 @@ def handle(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as e:
         raise LinnetError(f"linnet serve needs {e.name}: pip install 'linnet[serve]'") from None
 
+    if args.replicas or args.min_replicas or args.max_replicas or args.ray_address:
+        from linnet.ray.launch import serve_with_ray
+
+        return serve_with_ray(args)
     with listen(args.host, args.port) as listener:  # before the model loads: a taken port or unknown host fails now
         return load_and_serve(args, listener)
 
 
 def load_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
-    from linnet.serve.model_thread import ModelThread
-
+    """Check the model and the flags (a mistake fails here, before anything answers), then serve: the
+    server answers at once, as loading (``linnet.serve.loading``), while the runner is built and warmed up
+    off the event loop; a load that fails ends the process with its error."""
     args.backend = args.backend or default_backend(args.dtype)
     model = open_model(args.model)
     if model.tokenizer is None:
@@ -68,29 +84,48 @@ def load_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
     check_positions("--positions", args.positions, model.spec)
     check_chat_fits(model.tokenizer, args.positions)
     check_cache_memory(model.spec, args.dtype, args.backend, args.rows, args.positions, "--rows or --positions")
-    thread = ModelThread()  # the runner is built, warmed up and stepped on one thread (linnet.serve.model_thread)
-    runner = thread.run(make_runner, model, args, args.positions, rows=args.rows)
-    engine = Engine(runner, model.tokenizer, max_queue=args.max_queue, prefill_tokens=args.prefill_tokens,
-                    thread=thread, prefix_cache=args.prefix_cache)
-    engine.warm_up()
-    name = args.name or args.model
-    host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address, as a URL writes it
-    print(f"linnet serve: {name} on {args.backend} {args.dtype}, {args.rows} rows x {args.positions} positions, "
-          f"load {runner.load_time:.2f} s; http://{host}:{args.port}/v1", file=sys.stderr, flush=True)
-    return serve(engine, name, args, listener)
+    return serve(model, args.name or args.model, args, listener)
 
 
-def serve(engine: Engine, name: str, args: argparse.Namespace, listener: socket.socket) -> int:
-    """Serve until SIGINT or SIGTERM, then drain: no new connections, the requests in flight finish (or are
-    cancelled after ``--drain-timeout``), and the process exits 0 with a line saying why it stopped."""
+def serve(model: LoadedModel, name: str, args: argparse.Namespace, listener: socket.socket) -> int:
+    """Serve until SIGINT or SIGTERM, then drain: no new connections, the requests in flight finish (or end
+    with an error after ``--drain-timeout`` seconds), and the process exits 0 with a line saying why it
+    stopped."""
     import uvicorn
 
     from linnet.serve.app import create_app
     from linnet.serve.listen import DrainingServer
+    from linnet.serve.loading import LoadingApp
+    from linnet.serve.model_thread import ModelThread
 
-    app = create_app(engine, name, args.api_key, max_body=args.max_body)
-    server = DrainingServer(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.drain_timeout))
+    engines: list[Engine] = []
+
+    def load() -> FastAPI:
+        thread = ModelThread()  # the runner is built, warmed up and stepped on one thread (linnet.serve.model_thread)
+        runner = thread.run(make_runner, model, args, args.positions, rows=args.rows)
+        engine = Engine(runner, model.tokenizer, max_queue=args.max_queue, prefill_tokens=args.prefill_tokens,
+                        thread=thread, prefix_cache=args.prefix_cache)
+        engine.warm_up()
+        engines.append(engine)
+        host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address, as a URL writes it
+        print(f"linnet serve: {name} on {args.backend} {args.dtype}, {args.rows} rows x {args.positions} positions, "
+              f"load {runner.load_time:.2f} s; http://{host}:{args.port}/v1", file=sys.stderr, flush=True)
+        return create_app(engine, name, args.api_key, max_body=args.max_body)
+
+    async def stop_generating() -> None:  # the drain's deadline: the requests still running end, told why
+        for engine in engines:
+            await asyncio.to_thread(engine.stop)
+
+    def failed(error: BaseException) -> None:
+        server.should_exit = True
+
+    app = LoadingApp(load, on_failure=failed)
+    server = DrainingServer(uvicorn.Config(app, log_level="warning"), args.drain_timeout, stop_generating)
     server.run(sockets=[listener])
+    if app.error is not None:
+        if isinstance(app.error, LinnetError):
+            raise app.error
+        raise LinnetError(f"loading the model failed: {type(app.error).__name__}: {app.error}") from app.error
     print(f"linnet serve: stopped ({server.stopped_by or 'the server ended'})", file=sys.stderr, flush=True)
     return 0
 

@@ -11,6 +11,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, cast
 
 from fastapi import Depends, FastAPI, Request
@@ -23,7 +24,19 @@ from linnet.errors import LinnetError
 from linnet.serve.body import DEFAULT_MAX_BODY, BodyLimit, BodyTooLarge, ValidationError, invalid, parsed
 from linnet.serve.engine import Engine, Event, QueueFull, RequestError
 from linnet.serve.engine import Request as Submitted
-from linnet.serve.protocol import ChatBody, CompletionBody, GenerationBody, Responder, error_body, finish_reason
+from linnet.serve.grammar import GrammarCompiler
+from linnet.serve.logits import TokenLogprob
+from linnet.serve.page import chat_page
+from linnet.serve.protocol import (
+    Answer,
+    ChatBody,
+    CompletionBody,
+    GenerationBody,
+    Responder,
+    error_body,
+    finish_reason,
+)
+from linnet.serve.tools import ToolPlan, ToolReplies
 
 
 class APIError(Exception):
@@ -49,6 +62,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
     tokenizer = engine.tokenizer
     if tokenizer is None:
         raise LinnetError("serving needs the model's tokenizer, and this engine has none")
+    grammars = GrammarCompiler(tokenizer)  # structured output and forced tool calls
     app = FastAPI(title="Linnet", lifespan=lifespan)
     app.add_middleware(BodyLimit, limit=max_body)
 
@@ -93,6 +107,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
         """A bug: the client gets the API's error body (the traceback goes to the server's log)."""
         return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), status_code=500)
 
+    app.get("/", include_in_schema=False)(chat_page)  # the chat page, open as /health is: it holds no secret
+
     @app.get("/health")
     async def health() -> JSONResponse:
         ok = engine.alive
@@ -113,12 +129,15 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
     async def completions(request: Request) -> Any:
         body, ids = await parsed(request, read_completion)
-        return await generate(body, ids, Responder(model_name, chat=False), request)
+        echo = "" if not body.echo else body.prompt if isinstance(body.prompt, str) else tokenizer.decode(ids)
+        scored = ids if body.echo and body.logprobs is not None else ()  # the echo's tokens get logprobs too
+        return await generate(body, ids, Responder(model_name, chat=False, tokenizer=tokenizer, echo=echo,
+                                                   echo_ids=scored), request)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     async def chat(request: Request) -> Any:
         body, ids = await parsed(request, read_chat)
-        return await generate(body, ids, Responder(model_name, chat=True), request)
+        return await generate(body, ids, Responder(model_name, chat=True, tokenizer=tokenizer), request)
 
     def read_completion(raw: bytes) -> tuple[CompletionBody, list[int]]:
         body = CompletionBody.model_validate_json(raw)
@@ -128,6 +147,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
             if len(prompt) != 1:
                 raise APIError(400, "one prompt per request: this server does not batch prompts", param="prompt")
             prompt = prompt[0]
+        prepare_output(body)
         # what is left of a list is token ids (or nothing): a list of strings was one string above
         return body, tokenizer.encode(prompt) if isinstance(prompt, str) else cast(list[int], prompt)
 
@@ -135,72 +155,123 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
         body = ChatBody.model_validate_json(raw)
         check_model(body)
         try:
-            return body, tokenizer.encode_chat([m.as_template_input() for m in body.messages])
-        except LinnetError as e:
-            raise APIError(400, str(e), param="messages") from e
-
-    async def generate(body: CompletionBody | ChatBody, ids: list[int], responder: Responder, request: Request) -> Any:
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
-        try:
-            handle = engine.submit(ids, body.request_params(),
-                                   on_event=lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+            plan = body.tool_plan(tokenizer.chat_template)
+            ids = tokenizer.encode_chat([m.as_template_input() for m in body.messages],
+                                        tools=plan.template_tools() if plan else None)
         except RequestError as e:
             raise APIError(400, str(e), param=e.param, code=e.code) from e
-        except QueueFull as e:
-            raise APIError(429, str(e), type_="server_busy", code="queue_full") from e
-        if body.stream:
-            return StreamingResponse(stream(body, responder, events, handle), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await whole(responder, events, handle, request)
+        except LinnetError as e:
+            raise APIError(400, str(e), param="messages") from e
+        prepare_output(body, plan)
+        return body, ids
 
-    async def whole(responder: Responder, events: asyncio.Queue[Event], handle: Submitted,
-                    request: Request) -> JSONResponse:
-        async def gather() -> tuple[str, Event]:
-            text = []
-            while True:
-                event = await events.get()
-                text.append(event.text)
+    def prepare_output(body: CompletionBody | ChatBody, plan: ToolPlan | None = None) -> None:
+        """The grammar of each choice and the tool calls to read (``StructuredFields.prepare_output``)."""
+        try:  # no more matchers than rows: more choices than that are refused (``generate``)
+            body.prepare_output(grammars, min(body.choices, engine.rows), plan)
+        except RequestError as e:
+            raise APIError(400, str(e), param=e.param, code=e.code) from e
+
+    async def generate(body: CompletionBody | ChatBody, ids: list[int], responder: Responder, request: Request) -> Any:
+        """Submit the request's choices (``n``, or ``best_of``), each a request of the engine in a row of its own
+        (the prompt tokenised once; prefix caching reuses it where a free row holds it); their events come
+        back as (choice, event)."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        count, handles = body.choices, []
+
+        def deliver(choice: int, event: Event) -> None:  # on the engine's thread
+            loop.call_soon_threadsafe(events.put_nowait, (choice, event))
+
+        try:
+            if count > engine.rows:
+                name = "best_of" if count > body.n else "n"
+                raise RequestError(f"{name} is {count}, but this server runs at most {engine.rows} sequences at once "
+                                   "(its cache rows)", name)
+            params = [body.request_params(i) for i in range(count)]
+            for i, choice in enumerate(params):
+                handles.append(engine.submit(ids, choice, on_event=partial(deliver, i)))
+        except (RequestError, QueueFull) as e:
+            for handle in handles:
+                handle.cancel()
+            if isinstance(e, QueueFull):
+                raise APIError(429, str(e), type_="server_busy", code="queue_full") from e
+            raise APIError(400, str(e), param=e.param, code=e.code) from e
+        if body.stream:
+            return StreamingResponse(stream(body, responder, events, handles), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await whole(body, responder, events, handles, request)
+
+    async def whole(body: GenerationBody, responder: Responder, events: asyncio.Queue[tuple[int, Event]],
+                    handles: list[Submitted], request: Request) -> JSONResponse:
+        async def gather() -> list[Answer]:
+            texts: list[list[str]] = [[] for _ in handles]
+            logprobs: list[list[TokenLogprob]] = [[] for _ in handles]
+            prompt_logprobs: list[list[TokenLogprob]] = [[] for _ in handles]
+            last: dict[int, Event] = {}
+            while len(last) < len(handles):
+                i, event = await events.get()
+                texts[i].append(event.text)
+                logprobs[i] += event.logprobs
+                prompt_logprobs[i] += event.prompt_logprobs
                 if event.finish_reason:
-                    return "".join(text), event
+                    last[i] = event
+            return [Answer("".join(texts[i]), last[i], logprobs[i], prompt_logprobs[i]) for i in range(len(handles))]
 
         async def client_gone() -> None:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
 
-        answer, gone = asyncio.create_task(gather()), asyncio.create_task(client_gone())
-        await asyncio.wait([answer, gone], return_when=asyncio.FIRST_COMPLETED)
+        gathered, gone = asyncio.create_task(gather()), asyncio.create_task(client_gone())
+        await asyncio.wait([gathered, gone], return_when=asyncio.FIRST_COMPLETED)
         gone.cancel()
-        if not answer.done():  # the client went away before the answer
-            answer.cancel()
-            handle.cancel()
+        if not gathered.done():  # the client went away before the answer
+            gathered.cancel()
+            for handle in handles:
+                handle.cancel()
             return JSONResponse(error_body("the client disconnected"), status_code=499)
-        text, last = answer.result()
-        if finish_reason(last) == "error":
-            return JSONResponse(error_body(last.error or "generation failed", "server_error"), status_code=500)
-        return JSONResponse(responder.whole(text, last))
+        answers = gathered.result()
+        failed = next((a.last for a in answers if finish_reason(a.last) == "error"), None)
+        if failed is not None:
+            return JSONResponse(error_body(failed.error or "generation failed", "server_error"), status_code=500)
+        every = [a.last for a in answers]
+        if len(answers) > body.n:  # best_of: the n of highest cumulative logprob, best first
+            answers = sorted(answers, key=lambda a: -sum(t.logprob for t in a.logprobs or ()))[:body.n]
+        if not body.wants_logprobs:
+            answers = [Answer(a.text, a.last) for a in answers]
+        return JSONResponse(ToolReplies(body.output_tools).whole(responder.whole_choices(answers, usage_of=every)))
 
-    async def stream(body: GenerationBody, responder: Responder, events: asyncio.Queue[Event],
-                     handle: Submitted) -> AsyncIterator[str]:
-        include_usage = body.include_usage
+    async def stream(body: GenerationBody, responder: Responder, events: asyncio.Queue[tuple[int, Event]],
+                     handles: list[Submitted]) -> AsyncIterator[str]:
+        include_usage, shown = body.include_usage, body.wants_logprobs
+        replies = ToolReplies(body.output_tools)  # content that is tool calls, as tool-call deltas
+        last: dict[int, Event] = {}
         try:
             if responder.chat:
-                yield sse(responder.chunk(None, role=True, include_usage=include_usage))
-            while True:
-                event = await events.get()
+                for i in range(len(handles)):
+                    yield sse(responder.chunk(None, role=True, include_usage=include_usage, index=i))
+            while len(last) < len(handles):
+                i, event = await events.get()
                 if event.finish_reason and finish_reason(event) == "error":
                     yield sse(error_body(event.error or "generation failed", "server_error"))
                     break
-                if event.text or event.token_ids:  # a chunk per token, its text empty while held back (as vLLM's)
-                    yield sse(responder.chunk(event.text, include_usage=include_usage))
+                # a chunk per token, its text empty while held back (as vLLM's); the echo's logprobs with the first
+                if event.text or event.token_ids or event.prompt_logprobs:
+                    yield sse(replies.chunk(responder.chunk(event.text, include_usage=include_usage, index=i,
+                                                            logprobs=event.logprobs if shown else None,
+                                                            prompt_logprobs=event.prompt_logprobs)))
                 if event.finish_reason:
-                    yield sse(responder.chunk(None, finish_reason(event), include_usage=include_usage))
-                    if include_usage:
-                        yield sse(responder.usage_chunk(event))
-                    break
+                    last[i] = event
+                    for chunk in replies.last(responder.chunk(None, finish_reason(event), include_usage=include_usage,
+                                                              index=i)):
+                        yield sse(chunk)
+            else:
+                if include_usage:
+                    yield sse(responder.usage_chunk([last[i] for i in range(len(handles))]))
             yield "data: [DONE]\n\n"
         finally:  # the client went away (the server cancels this generator), or the stream ended
-            handle.cancel()
+            for handle in handles:
+                handle.cancel()
 
     return app
 

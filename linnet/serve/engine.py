@@ -34,10 +34,11 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from linnet.backends.runner import CACHE_FULL, OK, Decode, Prefill, RowResult, Runner
+from linnet.backends.runner import CACHE_FULL, MAX_TOP_LOGPROBS, OK, Control, Decode, Prefill, RowResult, Runner
 from linnet.errors import LinnetError
 from linnet.generation.text import TextStream
 from linnet.sampling import Sampling
+from linnet.serve.logits import Constraint, Penalties, RowLogits, TokenLogprob
 from linnet.serve.metrics import Metrics
 from linnet.serve.model_thread import ModelThread
 from linnet.tokenizer import Tokenizer
@@ -72,13 +73,20 @@ class QueueFull(LinnetError):
 
 @dataclass(frozen=True)
 class Params:
-    """How one request generates. ``max_tokens=None`` fills the rest of its cache row."""
+    """How one request generates. ``max_tokens=None`` fills the rest of its cache row. The logits work
+    (penalties, ``logit_bias``, ``min_tokens``, ``constraint``) is ``linnet.serve.logits``'."""
 
     max_tokens: int | None = 16
     sampling: Sampling = Sampling()
     stop: tuple[str, ...] = ()  # strings that end the text (never shown)
     stop_ids: tuple[int, ...] = ()  # token ids that end it, as EOS does
     ignore_eos: bool = False
+    logprobs: int | None = None  # report each token's logprob and this many top alternatives (0..20)
+    penalties: Penalties = Penalties()
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    min_tokens: int = 0  # EOS and stop ids are banned until this many tokens are generated
+    constraint: Constraint | None = None  # a grammar the tokens follow; its own object per request
+    prompt_logprobs: int | None = None  # ``logprobs`` for the prompt's tokens (its row reads it all: no prefix reuse)
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,9 @@ class Event:
     completion_tokens: int = 0  # every token sampled, an ending EOS or stop id included
     error: str = ""
     cached_tokens: int = 0  # prompt tokens whose keys and values the row already held (prefix caching)
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token of ``token_ids``, when the request asked
+    # with ``prompt_logprobs``, in the first event: one per prompt token after the first
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass
@@ -105,6 +116,13 @@ class Completion:
     completion_tokens: int
     error: str = ""
     cached_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    @property
+    def cumulative_logprob(self) -> float:
+        """The sum of its tokens' logprobs (those it returns: an ending EOS or stop id is not among them)."""
+        return sum(t.logprob for t in self.logprobs)
 
 
 class Request:
@@ -144,12 +162,16 @@ class Request:
         """Wait for the end; the whole text, tokens and counts."""
         text: list[str] = []
         tokens: list[int] = []
+        logprobs: list[TokenLogprob] = []
+        prompt_logprobs: list[TokenLogprob] = []
         for event in self.events():
             text.append(event.text)
             tokens += event.token_ids
+            logprobs += event.logprobs
+            prompt_logprobs += event.prompt_logprobs
         assert event.finish_reason is not None  # events() ends with the last
         return Completion("".join(text), tokens, event.finish_reason, event.prompt_tokens,
-                          event.completion_tokens, event.error, event.cached_tokens)
+                          event.completion_tokens, event.error, event.cached_tokens, logprobs, prompt_logprobs)
 
 
 @dataclass
@@ -160,11 +182,17 @@ class _Running:
     stream: TextStream | None
     stops: frozenset[int]
     max_tokens: int
+    logits: RowLogits
     fed: int = 0  # prompt tokens written so far, the cached ones included
     cached: int = 0  # prompt tokens the row held already
     last: int | None = None  # the last token sampled, fed back in the next step
     sampled: int = 0
     generated: list[int] = field(default_factory=list)  # every token sampled
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # until the first event carries them
+
+    def take_prompt_logprobs(self) -> tuple[TokenLogprob, ...]:
+        taken, self.prompt_logprobs = tuple(self.prompt_logprobs), []
+        return taken
 
     def written(self) -> list[int]:
         """The tokens whose keys and values the row holds: the prompt as far as it was read, and every token
@@ -175,6 +203,11 @@ class _Running:
         """The next decode step of a row whose prompt has been read (and so has sampled)."""
         assert self.last is not None
         return Decode(row, self.last)
+
+    def control(self) -> Control | None:
+        """This step's work on the row's logits on the host, or None (its token is drawn where the model runs)."""
+        adjust, logprobs = self.logits.adjust(), self.request.params.logprobs
+        return None if adjust is None and logprobs is None else Control(adjust, logprobs)
 
 
 class Engine:
@@ -292,6 +325,21 @@ class Engine:
                     "context_length_exceeded")
         if params.stop and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer, and this engine has none", "stop")
+        for name in ("logprobs", "prompt_logprobs"):
+            count = getattr(params, name)
+            if count is not None and not 0 <= count <= MAX_TOP_LOGPROBS:
+                raise RequestError(f"{name} asks for {count} top alternatives; 0..{MAX_TOP_LOGPROBS} are possible",
+                                   name)
+        bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"logit_bias names token ids {bad[:5]} outside the vocabulary 0..{vocab - 1}",
+                               "logit_bias")
+        if params.min_tokens < 0 or (params.max_tokens is not None and params.min_tokens > params.max_tokens):
+            raise RequestError(f"min_tokens must be in 0..max_tokens ({params.max_tokens}), got {params.min_tokens}",
+                               "min_tokens")
+        if params.penalties.repetition <= 0:
+            raise RequestError(f"repetition_penalty must be above 0, got {params.penalties.repetition}",
+                               "repetition_penalty")
 
     def _cancel(self, request: Request) -> None:
         with self._cond:
@@ -329,6 +377,8 @@ class Engine:
 
     def _admit(self, request: Request) -> None:
         row, keep = self._pick_row(request.prompt_ids)
+        if request.params.prompt_logprobs is not None:
+            keep = 0  # a cached prefix has no logits to score its tokens with
         self._free.remove(row)
         heapq.heapify(self._free)
         params = request.params
@@ -338,7 +388,10 @@ class Engine:
         request.row = row
         self.runner.reset(row, keep)
         self._held[row] = []
-        self._running[row] = _Running(request, stream, stops, max_tokens, fed=keep, cached=keep)
+        # min_tokens bans what would end the request: EOS (unless ignored) and the stop ids, as vLLM does
+        logits = RowLogits(request.prompt_ids, params.penalties, params.logit_bias, params.min_tokens, tuple(stops),
+                           params.constraint)
+        self._running[row] = _Running(request, stream, stops, max_tokens, logits, fed=keep, cached=keep)
 
     def _pick_row(self, prompt: list[int]) -> tuple[int, int]:
         """The free row that holds the longest prefix of ``prompt`` the runner can keep (``Runner.can_keep``:
@@ -384,7 +437,8 @@ class Engine:
             prompt = run.request.prompt_ids
             take = min(budget, len(prompt) - run.fed)
             if take > 0:
-                prefill.append(Prefill(row, prompt[run.fed:run.fed + take], run.fed, run.fed + take == len(prompt)))
+                prefill.append(Prefill(row, prompt[run.fed:run.fed + take], run.fed, run.fed + take == len(prompt),
+                                       run.request.params.prompt_logprobs))
                 budget -= take
         if not prefill:
             return []
@@ -395,10 +449,12 @@ class Engine:
 
     def _call(self, prefill: Sequence[Prefill] = (), decode: Sequence[Decode] = ()) -> int:
         """One runner step over a group of prompt chunks or the decoding rows; how many tokens it sampled."""
-        rows = [p.row for p in prefill] + [d.row for d in decode]
+        rows = [p.row for p in prefill if p.sample] + [d.row for d in decode]
         sampling = {row: self._running[row].request.params.sampling for row in rows}
+        controls = {row: control for row in rows if (control := self._running[row].control()) is not None}
         sampled = 0
-        for row, result in self.runner.step(prefill=prefill, decode=decode, sampling=sampling).items():
+        for row, result in self.runner.step(prefill=prefill, decode=decode, sampling=sampling,
+                                            controls=controls).items():
             sampled += result.token is not None
             self._advance(self._running[row], result)
         return sampled
@@ -409,6 +465,7 @@ class Engine:
             return self._end(request, LENGTH)
         if result.status != OK:
             return self._end(request, ERROR, result.message)
+        run.prompt_logprobs += [TokenLogprob(t, lp, tuple(top)) for t, lp, top in result.prompt_logprobs]
         if result.token is None:  # a prompt chunk that is not the last
             return
         token = result.token
@@ -416,18 +473,27 @@ class Engine:
         run.generated.append(token)
         if run.sampled == 1:
             self.metrics.first_token(time.perf_counter() - request.submitted)
+        run.logits.accept(token)
+        constraint = request.params.constraint
+        if constraint is not None:
+            try:
+                constraint.accept(token)
+            except Exception as e:  # this request's grammar failed: end it, not every row
+                log.exception("a request's constraint failed")
+                return self._end(request, ERROR, f"the output constraint failed: {e}")
         if token in run.stops:
             return self._end(request, STOP)
         run.last = token
         piece = run.stream.feed(token) if run.stream else ""
-        if run.stream and run.stream.stopped:
-            return self._end(request, STOP, text=piece, tokens=(token,))
+        logprobs = () if result.logprob is None else (TokenLogprob(token, result.logprob, tuple(result.top_logprobs)),)
+        if (run.stream and run.stream.stopped) or (constraint is not None and constraint.finished):
+            return self._end(request, STOP, text=piece, tokens=(token,), logprobs=logprobs)
         if run.sampled == run.max_tokens:
-            return self._end(request, LENGTH, text=piece, tokens=(token,))
-        self._emit(request, Event(piece, (token,)))
+            return self._end(request, LENGTH, text=piece, tokens=(token,), logprobs=logprobs)
+        self._emit(request, Event(piece, (token,), logprobs=logprobs, prompt_logprobs=run.take_prompt_logprobs()))
 
     def _end(self, request: Request, reason: str, error: str = "", text: str = "",
-             tokens: tuple[int, ...] = ()) -> None:
+             tokens: tuple[int, ...] = (), logprobs: tuple[TokenLogprob, ...] = ()) -> None:
         """The request's last event; its row (or its place in the queue) is free at once."""
         if request.done:
             return
@@ -449,7 +515,7 @@ class Engine:
                     self._waiting.remove(request)
         self.metrics.finished(reason, run.fed - run.cached if run else 0, run.cached if run else 0)
         self._emit(request, Event(text, tokens, reason, len(request.prompt_ids), run.sampled if run else 0, error,
-                                  run.cached if run else 0))
+                                  run.cached if run else 0, logprobs, run.take_prompt_logprobs() if run else ()))
 
     def _end_all(self, error: str) -> None:
         with self._cond:

@@ -7,12 +7,14 @@ had drained.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
+import math
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from types import FrameType
 
 import uvicorn
@@ -44,12 +46,36 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+# After the drain's deadline has ended the requests still running, how long their answers may take to
+# close (an error chunk and [DONE] for a stream) before uvicorn cancels them mid-answer.
+CLOSING_S = 5.0
+
+
 class DrainingServer(uvicorn.Server):
-    """On SIGINT or SIGTERM: stop accepting, let the requests in flight finish (at most the config's
-    ``timeout_graceful_shutdown``), stop the app, and return; ``stopped_by`` names the signal. A second
-    SIGINT stops at once (uvicorn's force exit)."""
+    """On SIGINT or SIGTERM: stop accepting, let the requests in flight finish for at most ``drain_s``
+    seconds, then call ``at_deadline`` (``linnet serve`` stops its engine there, which ends each request
+    still running with an error its client is told of), stop the app, and return; ``stopped_by`` names the
+    signal. A second SIGINT stops at once (uvicorn's force exit)."""
 
     stopped_by: str | None = None
+
+    def __init__(self, config: uvicorn.Config, drain_s: float,
+                 at_deadline: Callable[[], Awaitable[None]] | None = None):
+        config.timeout_graceful_shutdown = math.ceil(drain_s + CLOSING_S)  # the backstop: uvicorn cancels
+        super().__init__(config)
+        self.drain_s, self.at_deadline = drain_s, at_deadline
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        deadline = asyncio.get_running_loop().call_later(self.drain_s, self._deadline) if self.at_deadline else None
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+
+    def _deadline(self) -> None:
+        assert self.at_deadline is not None
+        self._ending = asyncio.ensure_future(self.at_deadline())  # held: a task nobody holds may be collected
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

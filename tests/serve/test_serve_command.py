@@ -39,7 +39,8 @@ def serve(*args: str, timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
             if httpx.get(url + "/health").status_code == 200:
                 return process, url
         except httpx.TransportError:
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)  # not listening yet, or 503 while the model loads
 
 
 def logged(process: subprocess.Popen) -> str:

@@ -345,7 +345,8 @@ def _note(line: str) -> None:
 
 def draw(logits: torch.Tensor, s: Sampling, generator: torch.Generator) -> torch.Tensor:
     """One token from a row of logits as ``linnet.sampling.sample_host`` defines it, on the logits' device."""
-    scores = logits.double() / s.temperature
+    scores = logits.double()
+    scores = (scores - scores.max()) / s.temperature  # shifted first: a tiny temperature must not overflow
     if s.top_k and s.top_k < scores.numel():
         cutoff = torch.topk(scores, s.top_k).values[-1]
         scores = torch.where(scores >= cutoff, scores, float("-inf"))
