@@ -28,6 +28,8 @@ $(VENV)/.peers:
 	# onnxruntime-genai against the onnxruntime already installed (it asks for >= 1.31).
 	$(PIP) --no-deps keras==3.15.1 keras-hub==0.32.0 onnxruntime-genai==0.18.0
 	$(PIP) optree==0.20.0 absl-py==2.5.1 sentencepiece==0.2.3
+	# Ray Serve for tests/ray: replicas of linnet serve and the prefix-aware router
+	$(PIP) -e '.[ray]'
 	# transformers serve (a serving peer) needs accelerate on the CPU
 	$(PIP) accelerate==1.15.0
 	# Triton's CPU server from nvidia-pytriton, without the numpy/protobuf downgrades its pins ask for; its

@@ -45,10 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="on SIGINT or SIGTERM, how long the requests in flight may take to finish; those still "
                         "running then end with an error their clients are sent (default: %(default)s)")
     ray = parser.add_argument_group("replicas through Ray Serve (pip install 'linnet[ray]'; docs/SCALE.md)")
-    ray.add_argument("--replicas", type=whole(1), help="serve N replicas of the engine, routed by prompt prefix")
-    ray.add_argument("--ray-address", type=text, help="join this Ray cluster (default: start a local Ray)")
-    ray.add_argument("--min-replicas", type=whole(1), help="autoscale on queue length, from this many replicas ...")
-    ray.add_argument("--max-replicas", type=whole(1), help="... to this many")
+    ray.add_argument("--replicas", type=whole(1), metavar="N",
+                     help="serve N replicas of the engine, routed by prompt prefix")
+    ray.add_argument("--ray-address", type=text, metavar="ADDRESS",
+                     help="join this Ray cluster (default: start a local Ray)")
+    ray.add_argument("--min-replicas", type=whole(1), metavar="N",
+                     help="autoscale on queue length, from this many replicas ...")
+    ray.add_argument("--max-replicas", type=whole(1), metavar="N", help="... to this many")
     parser.set_defaults(func=handle, backend=None)  # None: default_backend()
 
 
@@ -77,6 +80,11 @@ def load_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
     """Check the model and the flags (a mistake fails here, before anything answers), then serve: the
     server answers at once, as loading (``linnet.serve.loading``), while the runner is built and warmed up
     off the event loop; a load that fails ends the process with its error."""
+    return serve(open_checked(args), args.name or args.model, args, listener)
+
+
+def open_checked(args: argparse.Namespace) -> LoadedModel:
+    """The model ``args`` name, with the flags checked against it (the default backend filled in)."""
     args.backend = args.backend or default_backend(args.dtype)
     model = open_model(args.model)
     if model.tokenizer is None:
@@ -84,7 +92,19 @@ def load_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
     check_positions("--positions", args.positions, model.spec)
     check_chat_fits(model.tokenizer, args.positions)
     check_cache_memory(model.spec, args.dtype, args.backend, args.rows, args.positions, "--rows or --positions")
-    return serve(model, args.name or args.model, args, listener)
+    return model
+
+
+def build_engine(model: LoadedModel, args: argparse.Namespace) -> Engine:
+    """The engine ``args`` ask for, its runner built and warmed up, ready to start."""
+    from linnet.serve.model_thread import ModelThread
+
+    thread = ModelThread()  # the runner is built, warmed up and stepped on one thread (linnet.serve.model_thread)
+    runner = thread.run(make_runner, model, args, args.positions, rows=args.rows)
+    engine = Engine(runner, model.tokenizer, max_queue=args.max_queue, prefill_tokens=args.prefill_tokens,
+                    thread=thread, prefix_cache=args.prefix_cache)
+    engine.warm_up()
+    return engine
 
 
 def serve(model: LoadedModel, name: str, args: argparse.Namespace, listener: socket.socket) -> int:
@@ -96,20 +116,15 @@ def serve(model: LoadedModel, name: str, args: argparse.Namespace, listener: soc
     from linnet.serve.app import create_app
     from linnet.serve.listen import DrainingServer
     from linnet.serve.loading import LoadingApp
-    from linnet.serve.model_thread import ModelThread
 
     engines: list[Engine] = []
 
     def load() -> FastAPI:
-        thread = ModelThread()  # the runner is built, warmed up and stepped on one thread (linnet.serve.model_thread)
-        runner = thread.run(make_runner, model, args, args.positions, rows=args.rows)
-        engine = Engine(runner, model.tokenizer, max_queue=args.max_queue, prefill_tokens=args.prefill_tokens,
-                        thread=thread, prefix_cache=args.prefix_cache)
-        engine.warm_up()
+        engine = build_engine(model, args)
         engines.append(engine)
         host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address, as a URL writes it
         print(f"linnet serve: {name} on {args.backend} {args.dtype}, {args.rows} rows x {args.positions} positions, "
-              f"load {runner.load_time:.2f} s; http://{host}:{args.port}/v1", file=sys.stderr, flush=True)
+              f"load {engine.runner.load_time:.2f} s; http://{host}:{args.port}/v1", file=sys.stderr, flush=True)
         return create_app(engine, name, args.api_key, max_body=args.max_body)
 
     async def stop_generating() -> None:  # the drain's deadline: the requests still running end, told why

@@ -1,0 +1,50 @@
+"""``linnet serve --replicas`` and the application builder's arguments, without starting Ray: a missing Ray
+is a clear error naming the extra; the builder's arguments are ``linnet serve``'s flags, checked by its
+own parser; scaling flags that cannot work are refused by name."""
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from linnet.cli import main
+from linnet.errors import LinnetError
+
+
+def test_replicas_without_ray_name_the_extra(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed: importing it raises ModuleNotFoundError
+    assert main(["serve", "no-such-model", "--replicas", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'linnet[ray]'" in err and "Traceback" not in err
+
+
+@pytest.fixture
+def app_module():
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'linnet[ray]'")
+    from linnet.ray import deployment as app
+
+    return app
+
+
+def test_builder_arguments_are_linnet_serves_flags(app_module):
+    args = app_module.serve_options({"model": "some/model", "backend": "reference:numpy", "rows": 4,
+                                     "replicas": "3", "prefix_cache": "false", "api_key": "k"})
+    assert (args.model, args.backend, args.rows, args.replicas, args.prefix_cache, args.api_key) == \
+        ("some/model", "reference:numpy", 4, 3, False, "k")
+    assert args.positions == 640 and args.min_replicas is None  # the rest: linnet serve's defaults
+    with pytest.raises(LinnetError, match="linnet.ray:app: .*--rows"):
+        app_module.serve_options({"rows": 0})
+    with pytest.raises(LinnetError, match="unrecognized arguments: --colour"):
+        app_module.serve_options({"colour": "red"})
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--min-replicas", "1"], "--min-replicas and --max-replicas go together"),
+    (["--min-replicas", "3", "--max-replicas", "2"], "--min-replicas 3 is more than --max-replicas 2"),
+    (["--replicas", "5", "--min-replicas", "1", "--max-replicas", "2"], "--replicas 5 .* is outside"),
+])
+def test_scaling_flags_that_cannot_work_are_refused(app_module, capsys, flags, message):
+    assert main(["serve", "no-such-model", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(message, err), err
