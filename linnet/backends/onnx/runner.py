@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from linnet.backends.onnx import blocks, export, graph
+from linnet.backends.onnx import blocks, contrib, export, graph, lower, passes
 from linnet.backends.onnx.export import onnx_program, planned_arrays, write_graphs
 from linnet.backends.onnx.graph import GraphOptions
 from linnet.backends.onnx.setup import PROVIDERS, threads, unavailable
@@ -126,7 +126,7 @@ class OnnxRunner(Runner):
         """The graph and its weights on disk, written on the first load and kept in Linnet's cache."""
         rings = f"|rings {sorted(self.rings)}, scratch {self.scratch_position}" if self.rings else ""
         key = (f"{weights.source}|{self.dtype}|{self.options}|{program.quantized}|{rope_positions}|"
-               f"{code_identity(graph, export, blocks)}{rings}")
+               f"{code_identity(graph, lower, contrib, passes, export, blocks)}{rings}")
         float_type = DTYPES[self.options.compute or self.dtype].numpy
 
         def write(directory: Path) -> None:
