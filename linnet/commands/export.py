@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_argument(gguf)
     gguf.add_argument("-o", "--output", type=path, required=True, help="file to write")
     gguf.add_argument("--type", choices=TYPES, default="f16", help="matrices' type (default: f16)")
+    gguf.add_argument("--name", help="the file's general.name (default: the model's file or directory name)")
     add_force_argument(gguf)
     parser.set_defaults(func=handle)
 
@@ -39,7 +40,7 @@ def handle(args: argparse.Namespace) -> int:
         out = export_hf(model, args.output, kind, force=args.force)
     else:
         kind = args.type
-        out = export_gguf(model, args.output, kind, force=args.force)
+        out = export_gguf(model, args.output, kind, force=args.force, name=args.name)
     done = time.perf_counter()
     print(f"wrote {out} ({args.format}, {kind}) in {done - loaded:.2f} s (loading took {loaded - start:.2f} s)")
     return 0

@@ -40,9 +40,17 @@ VALUE_TYPES = {bool: GGUFValueType.BOOL, int: GGUFValueType.UINT32, float: GGUFV
 Tensor = tuple[tuple[str, ...], Packed | None, tuple[int, ...], Q]  # canonical parts, their pack, shape, type
 
 
-def export_gguf(model: LoadedModel, out_file: str | Path, type: str, force: bool = False) -> Path:
-    """Write ``model`` as one GGUF file; matrices in ``type``, norms and biases in f32 as llama.cpp does.
-    An existing ``out_file`` is replaced only with ``force``."""
+# llama.cpp takes a model whose general.name holds one of these for Phi-3 and sets Phi-3's token attributes,
+# looking its tokens up by text (llama-vocab.cpp): a vocabulary without them fails to load ("unordered_map::at")
+PHI3_NAME_MARKS = ("phi-3", "phi3")
+PHI3_TOKENS = ("</s>", "<unk>", "<s>", "<|endoftext|>")
+
+
+def export_gguf(model: LoadedModel, out_file: str | Path, type: str, force: bool = False,
+                name: str | None = None) -> Path:
+    """Write ``model`` as one GGUF file; matrices in ``type``, norms and biases in f32 as llama.cpp does;
+    ``general.name`` is ``name`` (by default the model's file or directory name). An existing ``out_file``
+    is replaced only with ``force``."""
     if type not in TYPES:
         raise LinnetError(f"unknown GGUF type {type!r}; choose from {', '.join(TYPES)}")
     spec, tokenizer = model.spec, model.tokenizer
@@ -59,7 +67,23 @@ def export_gguf(model: LoadedModel, out_file: str | Path, type: str, force: bool
     _check_reads_back(spec, eos_ids, metadata, {name: t[2] for name, t in tensors.items()}, rope_tensors)
     check_output(out_file, force)
     vocab = gguf_vocab(tokenizer, spec.vocab_size)
-    return atomic_write(out_file, lambda tmp: _write(tmp, model, file_type, metadata, rope_tensors, tensors, vocab))
+    name = model.path.stem if name is None else name
+    _check_name(name, vocab.tokens)
+    return atomic_write(out_file, lambda tmp: _write(tmp, model, name, file_type, metadata, rope_tensors, tensors,
+                                                     vocab))
+
+
+def _check_name(name: str, tokens: list[str]) -> None:
+    """Refuse a name that makes llama.cpp look for Phi-3's tokens in a vocabulary without them."""
+    if not name.strip():
+        raise LinnetError("the GGUF file's name (general.name) must not be empty")
+    if any(mark in name.lower() for mark in PHI3_NAME_MARKS):
+        missing = [t for t in PHI3_TOKENS if t not in set(tokens)]
+        if missing:
+            raise UnsupportedModel(
+                f"llama.cpp takes a model named {name!r} (holding 'phi-3' or 'phi3') for Phi-3 and looks up Phi-3's "
+                f"tokens {', '.join(missing)}, which this vocabulary lacks: it would fail to load the file. Give "
+                "the file another name (--name)")
 
 
 def _refuse_rope(spec: ModelSpec) -> None:
@@ -161,13 +185,13 @@ def _check_reads_back(spec: ModelSpec, eos_ids: tuple[int, ...], metadata: dict[
                      f"GGUF's {spec.family} form (as llama.cpp reads it)", float32=True)
 
 
-def _write(path: Path, model: LoadedModel, file_type: LlamaFileType, metadata: dict[str, Any],
+def _write(path: Path, model: LoadedModel, name: str, file_type: LlamaFileType, metadata: dict[str, Any],
            rope_tensors: dict[str, np.ndarray], tensors: dict[str, Tensor], vocab: GGUFVocab) -> None:
     spec, tokenizer = model.spec, model.tokenizer
     assert tokenizer is not None  # export_gguf refuses a model without one
     writer = GGUFWriter(path, arch=spec.family)
     try:
-        writer.add_name(model.path.stem)
+        writer.add_name(name)
         writer.add_file_type(file_type)
         writer.add_quantization_version(GGML_QUANT_VERSION)
         for key, value in metadata.items():

@@ -23,6 +23,17 @@ def good_gguf(checkpoint_dir, tmp_path_factory):
     return export_gguf(model, tmp_path_factory.mktemp("gguf") / "good.gguf", "f16")
 
 
+def test_a_name_llama_cpp_would_take_for_phi3_is_refused_without_phi3_tokens(checkpoint_dir, tmp_path):
+    model = open_model(str(checkpoint_dir("phi3-partial")))  # the tests' tokenizer has no <unk>
+    for name in ("Phi-3.5-mini", "my-phi3"):
+        with pytest.raises(UnsupportedModel, match=r"(?s)looks up Phi-3's tokens <unk>.*which this vocabulary lacks.*--name"):
+            export_gguf(model, tmp_path / "m.gguf", "f32", name=name)
+    assert not (tmp_path / "m.gguf").exists()
+    with pytest.raises(LinnetError, match="must not be empty"):
+        export_gguf(model, tmp_path / "m.gguf", "f32", name=" ")
+    assert export_gguf(model, tmp_path / "m.gguf", "f32", name="phi-shaped").is_file()
+
+
 def write_gguf(path, arch: str, embed_type: Q = Q.F32, hidden: int = 256, vocab: int = 8, skip: str = "") -> None:
     """A header with every hyper-parameter but ``skip``, and only an embedding tensor, stored as ``embed_type``."""
     writer = GGUFWriter(path, arch)

@@ -98,10 +98,10 @@ TOLERANCE = {"gemma3-local10k": 2e-3}
 
 @pytest.mark.parametrize("case", GGUF_CASE_IDS)
 def test_llama_cpp_runs_the_f32_export(case, gguf_case_dir, tmp_path):
-    # general.name is the model's directory; llama.cpp gives a model whose name holds "phi3" Phi-3's token
-    # attributes, failing on a vocabulary without Phi-3's <unk>, <s> and <|endoftext|>
-    model = replace(open_model(str(gguf_case_dir(case))), path=Path("tiny"))
-    path = export_gguf(model, tmp_path / "m.gguf", "f32")
+    # general.name is by default the model's directory, whose name ("phi3-...") would make llama.cpp look for
+    # Phi-3's tokens (test_a_phi3_name_without_phi3_tokens_is_what_llama_cpp_cannot_load)
+    model = open_model(str(gguf_case_dir(case)))
+    path = export_gguf(model, tmp_path / "m.gguf", "f32", name="tiny")
     llm = llama_cpp.Llama(str(path), n_ctx=64, n_threads=2, logits_all=True, type_k=F32, type_v=F32, verbose=False)
     llm.eval(PROMPT)
     theirs = np.array(llm.scores[: len(PROMPT)])
@@ -111,6 +111,18 @@ def test_llama_cpp_runs_the_f32_export(case, gguf_case_dir, tmp_path):
 
     ours_greedy = generate(runner, PROMPT, max_new_tokens=12, eos_ids=()).token_ids
     assert llama_greedy(llm, PROMPT, 12) == ours_greedy
+
+
+def test_a_phi3_name_without_phi3_tokens_is_what_llama_cpp_cannot_load(checkpoint_dir, tmp_path, monkeypatch):
+    """The exporter refuses such a name (``_check_name``); written anyway, llama.cpp fails to load the file."""
+    from linnet.gguf import export
+
+    model = open_model(str(checkpoint_dir("phi3-partial")))
+    monkeypatch.setattr(export, "_check_name", lambda name, tokens: None)
+    path = export_gguf(model, tmp_path / "m.gguf", "f32", name="Phi-3.5-mini")
+    with pytest.raises(ValueError, match="Failed to load model"):
+        llama_cpp.Llama(str(path), n_ctx=64, verbose=False)
+    llama_cpp.Llama(str(export_gguf(model, tmp_path / "n.gguf", "f32", name="tiny")), n_ctx=64, verbose=False)
 
 
 def transformers_greedy(directory, prompt: list[int], n: int) -> list[int]:
