@@ -149,6 +149,14 @@ class Message(Body):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None  # an assistant's
     tool_call_id: str | None = None  # a tool's: the call it answers
+    # An earlier answer sent back as the client holds it (the openai client's message objects carry these):
+    # accepted and unused, as the answer's content says it all; an audio or function-call answer, which this
+    # server never gives, is refused.
+    parsed: Any = None  # the content as ``chat.completions.parse`` read it
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    audio: None = None
+    function_call: None = None
 
     def as_template_input(self) -> dict[str, Any]:
         content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or ())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Literal
 
 import httpx
 import numpy as np
@@ -345,6 +346,26 @@ def test_allowed_fields_change_nothing(server, path):
     assert plain.status_code == allowed.status_code == 200, allowed.text
     key = "message" if path == "chat" else "text"
     assert json.dumps(allowed.json()["choices"][0][key]) == json.dumps(plain.json()["choices"][0][key])
+
+
+def test_an_answer_sent_back_as_the_openai_client_holds_it_is_taken(server, client):
+    """``chat.completions.parse`` adds ``parsed`` to the message object a client appends to its conversation."""
+    import pydantic
+
+    class Answer(pydantic.BaseModel):
+        word: Literal["yes", "no"]
+
+    first = client.chat.completions.parse(model=NAME, messages=[{"role": "user", "content": "A word?"}],
+                                          response_format=Answer, max_tokens=64, temperature=0)
+    message = first.choices[0].message
+    assert message.parsed is not None
+    again = client.chat.completions.create(
+        model=NAME, max_tokens=4, temperature=0,
+        messages=[{"role": "user", "content": "A word?"}, message, {"role": "user", "content": "Another?"}])
+    assert again.choices[0].message.content is not None
+    refused = post(server, "chat", messages=[{"role": "user", "content": "hi"},
+                                             {"role": "assistant", "content": "x", "audio": {"id": "a"}}])
+    assert refused.status_code == 400 and "audio" in refused.json()["error"]["message"]
 
 
 def test_logprob_helper_is_a_log_softmax():
