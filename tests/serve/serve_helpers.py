@@ -8,8 +8,11 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from linnet.backends import CacheShape, create_runner
 from linnet.generation.text import TextStream
+from linnet.loaded_model import LoadedModel
 from linnet.serve import Engine
+from linnet.serve.app import create_app
 from linnet.tokenizer import Tokenizer
 
 CASE = "qwen3-gqa3"  # its greedy text from FOX is mostly ASCII, good for stop strings
@@ -52,6 +55,23 @@ def running_server(app) -> Iterator[str]:
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+@contextmanager
+def eager_server(model: LoadedModel, name: str, rows: int, positions: int,
+                 max_queue: int = 64) -> Iterator[tuple[Engine, str]]:
+    """An engine over ``model`` on torch:eager, served on loopback: the engine and its base URL."""
+    runner = create_runner("torch:eager", model.weights, CacheShape(rows, positions))
+    engine = Engine(runner, model.tokenizer, max_queue=max_queue)
+    with running_server(create_app(engine, name)) as url:
+        yield engine, url
+
+
+def openai_client(url: str):
+    """The ``openai`` client of the server at ``url``, which never retries (a test sees every failure)."""
+    import openai
+
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
 
 def wait_idle(engine: Engine, timeout: float = 10.0) -> None:

@@ -10,17 +10,14 @@ from typing import Literal
 
 import httpx
 import numpy as np
-import openai
 import pytest
 import torch
 import transformers
-from serve_helpers import CASE, FOX, running_server
+from serve_helpers import CASE, FOX, eager_server, openai_client
 
 from linnet.backends import CacheShape, create_runner
 from linnet.backends.runner import log_softmax
 from linnet.model import open_model
-from linnet.serve import Engine
-from linnet.serve.app import create_app
 from linnet.serve.protocol import ALLOWED_UNUSED, NOT_YET, ChatBody, CompletionBody
 
 NAME = "tiny-qwen3"
@@ -49,15 +46,13 @@ def model(checkpoint_dir):
 
 @pytest.fixture(scope="module")
 def server(model):
-    runner = create_runner("torch:eager", model.weights, CacheShape(ROWS, POSITIONS))
-    engine = Engine(runner, model.tokenizer, max_queue=64)
-    with running_server(create_app(engine, NAME)) as url:
+    with eager_server(model, NAME, ROWS, POSITIONS) as (_, url):
         yield url
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import openai
 import pytest
-from serve_helpers import CASE, FOX, running_server, stop_across_tokens, wait_idle
+from serve_helpers import CASE, FOX, eager_server, openai_client, running_server, stop_across_tokens, wait_idle
 
 from linnet.backends import CacheShape, create_runner
 from linnet.generation import generate
@@ -38,15 +38,13 @@ def reference(model):
 
 @pytest.fixture(scope="module")
 def server(model):
-    runner = create_runner("torch:eager", model.weights, CacheShape(ROWS, POSITIONS))
-    engine = Engine(runner, model.tokenizer, max_queue=64)
-    with running_server(create_app(engine, NAME)) as url:
-        yield engine, url
+    with eager_server(model, NAME, ROWS, POSITIONS, max_queue=64) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server[1] + "/v1", api_key="unused", max_retries=0)
+    return openai_client(server[1])
 
 
 def test_completions_and_models(server, client, model, reference):

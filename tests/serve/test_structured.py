@@ -10,15 +10,11 @@ from typing import Literal
 
 import httpx
 import numpy as np
-import openai
 import pydantic
 import pytest
-from serve_helpers import CASE, running_server
+from serve_helpers import CASE, eager_server, openai_client
 
-from linnet.backends import CacheShape, create_runner
 from linnet.model import open_model
-from linnet.serve import Engine
-from linnet.serve.app import create_app
 from linnet.serve.engine import RequestError
 from linnet.serve.grammar import GrammarCompiler, GrammarSpec
 from linnet.serve.structured import StructuredFields
@@ -141,15 +137,13 @@ def test_smollm2_json_schema():
 # -- through the server ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(model):
-    runner = create_runner("torch:eager", model.weights, CacheShape(ROWS, POSITIONS))
-    engine = Engine(runner, model.tokenizer, max_queue=16)
-    with running_server(create_app(engine, NAME)) as url:
-        yield engine, url
+    with eager_server(model, NAME, ROWS, POSITIONS, max_queue=16) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server[1] + "/v1", api_key="unused", max_retries=0)
+    return openai_client(server[1])
 
 
 USER = [{"role": "user", "content": "The quick brown fox"}]

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from serve_helpers import CASE, running_server
+from serve_helpers import CASE, eager_server, openai_client, running_server
 from test_structured import walk
 
 from linnet.backends import CacheShape, create_runner
@@ -203,15 +203,13 @@ def test_a_special_token_marker_is_forced_as_that_token(tool_model, tmp_path):
 # -- through the server ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(tool_model):
-    runner = create_runner("torch:eager", tool_model.weights, CacheShape(ROWS, POSITIONS))
-    engine = Engine(runner, tool_model.tokenizer, max_queue=16)
-    with running_server(create_app(engine, NAME)) as url:
-        yield engine, url
+    with eager_server(tool_model, NAME, ROWS, POSITIONS, max_queue=16) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server[1] + "/v1", api_key="unused", max_retries=0)
+    return openai_client(server[1])
 
 
 QUESTION = [{"role": "user", "content": "The weather in Oslo?"}]
