@@ -7,6 +7,10 @@ Every server gets the same prompts (token ids drawn with a fixed seed) and must 
 completion tokens over the wall time of the whole load; ``serve_ttft_ms`` the median time to first token,
 its samples one per request; ``load_s`` from starting the server to its answering a first one-token request;
 ``peak_mem_gib`` the largest resident memory of the server's processes, sampled while it ran.
+
+A ``+json`` server's requests each carry one JSON schema (``json_schema_format``) that no answer of
+``new_tokens`` tokens can complete, so that it too returns every token; its row is compared with the same
+server unconstrained, and a Ray Serve row with ``linnet serve`` alone on the same backend, where those ran.
 """
 from __future__ import annotations
 
@@ -23,7 +27,17 @@ import numpy as np
 from linnet.bench import arithmetic, machine
 from linnet.bench.harness import importable_here, worker_environment
 from linnet.bench.serving_client import Load, ServingError, run_load
-from linnet.bench.serving_servers import TRITON_ROWS, NotRunnable, Running, Server, free_port, make_server, server_ids
+from linnet.bench.serving_servers import (
+    JSON_ROWS,
+    RAY_ROWS,
+    TRITON_ROWS,
+    NotRunnable,
+    Running,
+    Server,
+    free_port,
+    make_server,
+    server_ids,
+)
 from linnet.errors import LinnetError
 from linnet.model import open_model, open_spec, resolve
 from linnet.registry.schema import Protocol, Serving
@@ -84,27 +98,40 @@ class Prompts:
     texts: list[str]
     warm_up_ids: list[int]
     warm_up_text: str
+    response_format: dict[str, Any] | None = None  # what a +json server's requests carry
 
     @classmethod
     def draw(cls, tokenizer: Any, vocab_size: int, profile: ServingProfile) -> Prompts:
         ids = random_prompts(vocab_size, profile)
         warm_up = random_prompts(vocab_size, profile, WARM_UP_SEED)[0]
         texts = [tokenizer.decode(p, skip_special_tokens=False) for p in [*ids, warm_up]]
-        return cls(ids, texts[:-1], warm_up, texts[-1])
+        return cls(ids, texts[:-1], warm_up, texts[-1], json_schema_format(tokenizer, profile.new_tokens))
 
     def sent(self, token_ids: bool) -> tuple[list[int] | str, list[list[int]] | list[str]]:
         """The warm-up and the load as a server takes them: token ids, or text."""
         return (self.warm_up_ids, self.ids) if token_ids else (self.warm_up_text, self.texts)
 
 
+def json_schema_format(tokenizer: Any, new_tokens: int) -> dict[str, Any]:
+    """The ``response_format`` of a +json server's requests: an object of one string at least as long as
+    ``new_tokens`` of the vocabulary's longest tokens, so no answer of that many tokens completes it (a
+    completed grammar would end the request early, whatever ``ignore_eos`` says). A token's text in the
+    vocabulary is no shorter than the characters it decodes to (byte-level: a character a byte or more)."""
+    longest = max(len(token) for token in tokenizer.hf.get_vocab())
+    schema = {"type": "object", "properties": {"text": {"type": "string", "minLength": (new_tokens + 1) * longest}},
+              "required": ["text"], "additionalProperties": False}
+    return {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema, "strict": True}}
+
+
 def serving_rows(model: str, servers: list[str], profile: ServingProfile, dtype: str, threads: int | None,
-                 log: Any = sys.stderr, rounds: int = 1) -> list[Row]:
+                 log: Any = sys.stderr, rounds: int = 1, replicas: int = 1) -> list[Row]:
     """One row per server, in the order given; a server that cannot run is a row "not run: reason".
 
     With several ``rounds`` each server is started and measured once a round, every other round in the
     reverse order (A B, B A, A B, ...): on a VM whose speed drifts over minutes, whichever server runs
     first in a single round gains or loses by its place, not by itself. A row then holds the median of the
-    rounds' throughputs, with every round's as samples, and the first tokens of all rounds together."""
+    rounds' throughputs, with every round's as samples, and the first tokens of all rounds together.
+    ``replicas``: how many a ``ray:BACKEND`` server runs."""
     path = resolve(model)
     loaded = open_model(str(path))
     if loaded.tokenizer is None:
@@ -117,7 +144,7 @@ def serving_rows(model: str, servers: list[str], profile: ServingProfile, dtype:
     rows: list[Row] = []
     for spec in servers:
         try:
-            row_id, name, linnet = server_ids(spec)
+            row_id, name, linnet = server_ids(spec, replicas)
             rows.append(Row(row_id, SERVING_GROUP, name, linnet=linnet))
         except NotRunnable as e:
             rows.append(Row(spec, SERVING_GROUP, spec, not_run=str(e)))
@@ -130,7 +157,8 @@ def serving_rows(model: str, servers: list[str], profile: ServingProfile, dtype:
             print(f"linnet bench-serve: {servers[i]}{f' (round {n + 1} of {rounds})' if rounds > 1 else ''} ...",
                   file=log, flush=True)
             try:
-                runs[i].append(run_server(servers[i], str(path), hf_dir, profile, dtype, threads, prompts, log))
+                runs[i].append(run_server(servers[i], str(path), hf_dir, profile, dtype, threads, prompts, log,
+                                          replicas))
             except NotRunnable as e:
                 rows[i].not_run = str(e) if rounds == 1 else f"{e} (round {n + 1} of {rounds})"
     for row, server_runs in zip(rows, runs):
@@ -151,12 +179,12 @@ class Run:
 
 
 def run_server(spec: str, model: str, hf_dir: Path | None, profile: ServingProfile, dtype: str, threads: int,
-               prompts: Prompts, log: Any) -> Run:
+               prompts: Prompts, log: Any, replicas: int = 1) -> Run:
     """Start the server, send it the load, stop it. Raises NotRunnable with the reason where it did not run
     (a request that failed: "failed: ...")."""
     port = free_port()
     server = make_server(spec, model, hf_dir, port, profile.positions, profile.concurrency, profile.requests,
-                         profile.new_tokens, dtype, threads)
+                         profile.new_tokens, dtype, threads, replicas, prompts.response_format)
     running = Running(server, port)
     try:
         running.wait_ready()
@@ -196,7 +224,8 @@ def measured(row: Row, runs: list[Run], profile: ServingProfile, prompts: list[l
                  f"p99 {percentile(ttft_ms, 99):.0f} ms",
                  f"inter-token latency (gaps between streamed chunks): p50 {percentile(gaps_ms, 50):.1f} ms, "
                  f"p99 {percentile(gaps_ms, 99):.1f} ms",
-                 *dict.fromkeys(note for r in runs for note in token_notes(r.load.timings, profile, prompts))]
+                 *dict.fromkeys(note for r in runs for note in token_notes(r.load.timings, profile, prompts)),
+                 *recomputed_notes(runs)]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -215,16 +244,31 @@ def token_notes(timings: list[Any], profile: ServingProfile, prompts: list[list[
     return notes
 
 
+def recomputed_notes(runs: list[Run]) -> list[str]:
+    """The prompt tokens the server computed (its prompt tokens less those it found cached), a round's load
+    at a time, where it says what it found cached: what prefix caching and prefix-aware routing save."""
+    counts = []
+    for r in runs:
+        if any(t.cached_tokens is None for t in r.load.timings):
+            return []
+        prompt = sum(t.prompt_tokens for t in r.load.timings)
+        counts.append((prompt - sum(t.cached_tokens or 0 for t in r.load.timings), prompt))
+    return ["prompt tokens recomputed (not found cached): "
+            + ", ".join(f"{done} of {prompt} ({done / prompt:.0%})" for done, prompt in counts)
+            + (" by round" if len(counts) > 1 else "")] if counts else []
+
+
 def add_comparisons(rows: list[Row]) -> None:
-    """Each Linnet row against vLLM's throughput, or transformers' where vLLM did not run; a Triton row against
-    `linnet serve` on the same backend, where that ran: what hosting the engine in Triton costs."""
+    """Each Linnet row against vLLM's throughput, or transformers' where vLLM did not run; a Triton or Ray
+    Serve row against `linnet serve` on the same backend, and a JSON-schema row against the same server
+    unconstrained, where those ran: what hosting the engine, or constraining its output, costs."""
     ran = {r.id: r for r in rows if not r.not_run}
     peer = ran.get("vllm:serve") or ran.get("transformers:serve")
     for row in rows:
         if not row.linnet or row.id not in ran:
             continue
-        hosted = row.id.startswith(TRITON_ROWS)
-        other = (ran.get("serve:" + row.id.removeprefix(TRITON_ROWS)) if hosted else None) or peer
+        # a constrained row against the same server only: against another engine unconstrained it says nothing
+        other = ran.get(same_run_baseline(row.id)) or (None if row.id.startswith(JSON_ROWS) else peer)
         if other is not None:
             ratio = row.measured("serve_tok_s") / other.measured("serve_tok_s")
             row.against = Against(other.id, "serve_tok_s", round(ratio, 3))
@@ -234,12 +278,22 @@ def add_comparisons(rows: list[Row]) -> None:
                                  + ", ".join(f"{a / b:.2f}x" for a, b in zip(mine, theirs)))
 
 
+def same_run_baseline(row_id: str) -> str:
+    """The id of the row a row is measured against in the same run; "" for linnet serve alone (a peer)."""
+    if row_id.startswith(JSON_ROWS):
+        return row_id.removeprefix(JSON_ROWS)
+    for hosted in (TRITON_ROWS, RAY_ROWS):
+        if row_id.startswith(hosted):
+            return "serve:" + row_id.removeprefix(hosted)
+    return ""
+
+
 def serving_results(model: str, model_id: str, servers: list[str], profile: ServingProfile, dtype: str,
-                    threads: int | None, log: Any = sys.stderr, rounds: int = 1) -> Results:
+                    threads: int | None, log: Any = sys.stderr, rounds: int = 1, replicas: int = 1) -> Results:
     """``serving_rows`` as a whole results file, with the machine, the load average and the profile."""
     started = datetime.now(UTC).isoformat(timespec="seconds")
     load_average = [round(x, 2) for x in os.getloadavg()]
-    rows = serving_rows(model, servers, profile, dtype, threads, log, rounds)
+    rows = serving_rows(model, servers, profile, dtype, threads, log, rounds, replicas)
     env = importable_here(worker_environment(threads or machine.cores(), "inherit"))
     gflop_s = arithmetic.measure_apart(env, dtype, log)
     arithmetic.add_notes(rows, open_spec(str(resolve(model))), statistics.median(gflop_s), dtype)

@@ -9,7 +9,8 @@ token is a piece of a character, a special token or text held back for a stop st
 their ``token_ids``). Counting only chunks with text timed a random-weight model's first token late: most
 ids of a 151936-token vocabulary read with a 49152-token tokenizer have no text, so the first text came
 tokens, or the whole answer, after the first token. Its inter-token latencies are the gaps between those
-chunks; its token count is the server's own usage count.
+chunks; its token counts are the server's own usage counts (with the prompt tokens it found cached, where it
+says: OpenAI's ``prompt_tokens_details.cached_tokens``).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -38,6 +39,8 @@ class Timing:
     chunk_gaps_s: list[float]
     completion_tokens: int
     prompt_tokens: int
+    cached_tokens: int | None = None  # prompt tokens the server did not compute again; None: it did not say
+    text: str = ""  # the answer's text as streamed (OpenAI's API only)
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ async def complete(client: httpx.AsyncClient, api: str, model: str, prompt: list
     path, body = request(api, model, prompt, new_tokens, extra)
     sent = time.perf_counter()
     arrivals: list[float] = []
+    pieces: list[str] = []
     finished = usage = None
     async with client.stream("POST", path, json=body) as response:
         if response.status_code != 200:
@@ -91,11 +95,14 @@ async def complete(client: httpx.AsyncClient, api: str, model: str, prompt: list
             elif not arrivals and finish:
                 finished = time.perf_counter()
             usage = counts or usage
+            pieces += [choice.get("text") or "" for choice in chunk.get("choices") or ()]
     first = arrivals[0] if arrivals else finished
     if usage is None or first is None:
         raise ServingError("the stream ended without " + ("its usage counts" if first else "any token"))
+    details: Any = cast(dict[str, Any], usage).get("prompt_tokens_details") or {}  # OpenAI's, not Triton's
+    cached = details.get("cached_tokens")
     return Timing(first - sent, [b - a for a, b in zip(arrivals, arrivals[1:])],
-                  usage["completion_tokens"], usage["prompt_tokens"])
+                  usage["completion_tokens"], usage["prompt_tokens"], cached, "".join(pieces))
 
 
 def request(api: str, model: str, prompt: list[int] | str, new_tokens: int,

@@ -3,9 +3,13 @@ on a free loopback port, with its load time and peak memory.
 
 A server is named ``linnet:BACKEND`` (``linnet serve`` on a registry backend), ``triton:BACKEND`` (``tritonserver``
 on the repository ``linnet triton`` writes, hosting linnet.serve's engine on that backend, driven through
-Triton's HTTP ``generate_stream``), ``transformers`` (``transformers serve`` with continuous batching, from the
+Triton's HTTP ``generate_stream``), ``ray:BACKEND`` (``linnet serve --replicas N`` through Ray Serve, N from
+bench-serve's ``--replicas``), ``transformers`` (``transformers serve`` with continuous batching, from the
 Python running Linnet) or ``vllm`` (vLLM's OpenAI server, run by the Python named in ``$LINNET_VLLM_PYTHON``:
 vLLM's CPU build pins its own torch, so it lives in a virtual environment of its own).
+
+``+json`` after a linnet or ray server (``linnet:onnx:cpu+json``) sends every request a JSON schema as its
+``response_format``: the same server under a constrained load, a row of its own beside the unconstrained one.
 """
 from __future__ import annotations
 
@@ -36,6 +40,10 @@ START_TIMEOUT_S = 900.0  # a compiled backend compiles before it listens: minute
 STOP_TIMEOUT_S = 30.0
 MEMORY_SAMPLE_S = 0.2
 TRITON_ROWS = "triton:linnet:"  # + BACKEND: the id of a row of Triton hosting linnet.serve
+RAY_ROWS = "ray:serve:"  # + BACKEND: linnet serve's replicas through Ray Serve
+# Not "serve:...": the site's cards take any "serve:*" row for linnet serve alone, unconstrained.
+JSON_ROWS = "json-schema:"  # + the unconstrained row's id
+JSON_SUFFIX = "+json"
 # The usage counts at the end of the stream, which the client needs from every server.
 WITH_USAGE = {"stream_options": {"include_usage": True}}
 # Greedy, every new token whatever it is (vLLM's extension), and the usage counts.
@@ -65,40 +73,68 @@ class Server:
     scratch: Path | None = None  # files of its own (a Triton repository), removed when it stops
 
 
-def server_ids(spec: str) -> tuple[str, str, bool]:
+def server_ids(spec: str, replicas: int = 1) -> tuple[str, str, bool]:
     """A server spec's row id, shown name and whether it is Linnet's (known before it starts)."""
-    if spec.startswith(("linnet:", "triton:")):
-        kind, backend = spec.split(":", 1)
+    base, constrained = split_json(spec)
+    if base.startswith(("linnet:", "triton:", "ray:")):
+        kind, backend = base.split(":", 1)
         if backend not in backend_ids():
             raise NotRunnable(f"no Linnet backend {backend!r} in {spec!r} (known: {', '.join(backend_ids())})")
         display = get_backend(backend).display
-        if kind == "linnet":
-            return f"serve:{backend}", f"linnet.serve, {display}", True
-        return TRITON_ROWS + backend, f"Triton hosting linnet.serve, {display}", True
+        if kind == "triton":
+            return TRITON_ROWS + backend, f"Triton hosting linnet.serve, {display}", True
+        row_id, name = f"serve:{backend}", f"linnet.serve, {display}"
+        if kind == "ray":
+            row_id = RAY_ROWS + backend
+            name = f"linnet.serve on Ray Serve ({replicas} replica{'s' if replicas > 1 else ''}), {display}"
+        return (JSON_ROWS + row_id, f"{name} (JSON schema)", True) if constrained else (row_id, name, True)
     if spec == "transformers":
         return "transformers:serve", "transformers serve", False
     if spec == "vllm":
         return "vllm:serve", "vLLM serve", False
-    known = ", ".join(["linnet:BACKEND", "triton:BACKEND", "transformers", "vllm"])
-    raise NotRunnable(f"unknown server {spec!r} (known: {known})")
+    known = ", ".join(["linnet:BACKEND", "ray:BACKEND", "triton:BACKEND", "transformers", "vllm"])
+    raise NotRunnable(f"unknown server {spec!r} (known: {known}; {JSON_SUFFIX} after a linnet or ray one)")
+
+
+def split_json(spec: str) -> tuple[str, bool]:
+    """The spec without its ``+json``, and whether it had one; refused on a server that cannot take it."""
+    if not spec.endswith(JSON_SUFFIX):
+        return spec, False
+    base = spec.removesuffix(JSON_SUFFIX)
+    if not base.startswith(("linnet:", "ray:")):
+        raise NotRunnable(f"{spec!r}: the JSON-schema load ({JSON_SUFFIX}) is measured on linnet:BACKEND and "
+                          "ray:BACKEND servers only")
+    return base, True
 
 
 def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions: int, rows: int, queue: int,
-                new_tokens: int, dtype: str, threads: int) -> Server:
-    """The server ``spec`` serving ``model`` (peers: ``hf_dir``) on ``port``; raises NotRunnable if it cannot."""
-    row_id, name, linnet = server_ids(spec)
+                new_tokens: int, dtype: str, threads: int, replicas: int = 1,
+                response_format: dict[str, Any] | None = None) -> Server:
+    """The server ``spec`` serving ``model`` (peers: ``hf_dir``) on ``port``; raises NotRunnable if it cannot.
+    ``response_format`` is what a ``+json`` server's requests carry."""
+    row_id, name, linnet = server_ids(spec, replicas)
     env = worker_environment(threads, "inherit")
     address = ["--host", "127.0.0.1", "--port", str(port)]
     if linnet:
-        backend = spec.split(":", 1)[1]  # one server_ids knows
-        if spec.startswith("triton:"):
+        base, constrained = split_json(spec)
+        kind, backend = base.split(":", 1)  # ones server_ids knows
+        if kind == "triton":
             return triton_server(row_id, name, backend, model, port, positions, rows, queue, dtype, threads, env)
+        body, notes = dict(STREAMED_GREEDY), [f"{rows} fixed cache rows of {positions} positions",
+                                              f"at most {STEP_PROMPT_TOKENS} prompt tokens a step"]
+        if constrained:
+            if response_format is None:
+                raise NotRunnable(f"{spec!r}: no JSON schema was given for its requests")
+            body["response_format"] = response_format
+            notes.append("every request constrained by a JSON schema (response_format) it cannot complete "
+                         "within the new tokens")
+        scale: list[str] = []
+        if kind == "ray":
+            scale, threads = ray_scale(replicas, threads, notes)
         command = [sys.executable, "-P", "-m", "linnet", "serve", model, "--backend", backend, "--dtype", dtype,
                    "--threads", str(threads), "--rows", str(rows), "--positions", str(positions),
-                   "--max-queue", str(queue), *address]
-        return Server(row_id, name, True, command, importable_here(env), model, True,
-                      STREAMED_GREEDY, [f"{rows} fixed cache rows of {positions} positions",
-                                        f"at most {STEP_PROMPT_TOKENS} prompt tokens a step"])
+                   "--max-queue", str(queue), *scale, *address]
+        return Server(row_id, name, True, command, importable_here(env), model, True, body, notes)
     if hf_dir is None:
         raise NotRunnable(f"needs a Hugging Face model directory, not {model} (`linnet export hf` makes one)")
     torch_dtype = DTYPES[dtype].hf
@@ -135,6 +171,24 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
                    f"a KV cache of {kv_bytes / 2**20:.0f} MiB (--kv-cache-memory-bytes: twice what the sequences "
                    "need)"],
                   memory_is_setting=True)
+
+
+def ray_scale(replicas: int, threads: int, notes: list[str]) -> tuple[list[str], int]:
+    """``linnet serve``'s flags for ``replicas`` replicas through Ray Serve, and each one's threads: the
+    server's threads shared among them (Ray reserves a CPU per thread, so more would leave replicas unplaced).
+    Raises NotRunnable where Ray Serve is not installed."""
+    try:
+        import ray.serve  # noqa: F401 (only whether it is there)
+    except ModuleNotFoundError as e:
+        raise NotRunnable(f"no Ray Serve ({e.name} is not installed): pip install 'linnet[ray]'") from None
+    if threads < replicas:
+        raise NotRunnable(f"{replicas} replicas need at least {replicas} threads (a CPU each), got {threads}")
+    each = threads // replicas
+    notes += [f"{replicas} replica{'s' if replicas > 1 else ''} of {each} thread{'s' if each > 1 else ''} each, "
+              "routed by prompt prefix; the rows and queue are each replica's",
+              "peak memory counts every process of the local Ray instance the server starts (its GCS, raylet, "
+              "agents and workers), not only the replicas"]
+    return ["--replicas", str(replicas)], each
 
 
 def vllm_kv_cache_bytes(hf_dir: Path, rows: int, positions: int, dtype: str) -> int:

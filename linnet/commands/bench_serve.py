@@ -1,5 +1,6 @@
-"""``linnet bench-serve``: servers (linnet serve, Triton hosting it, transformers serve, vLLM), one at a time,
-each driven over HTTP by the same requests and timed at the client."""
+"""``linnet bench-serve``: servers (linnet serve, alone, under a JSON schema or through Ray Serve; Triton hosting
+it; transformers serve; vLLM), one at a time, each driven over HTTP by the same requests and timed at the
+client."""
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("bench-serve", help="measure servers under many concurrent requests")
     add_model_argument(parser)
     parser.add_argument("--server", type=text, action="append", metavar="SERVER",
-                        help="linnet:BACKEND, triton:BACKEND (tritonserver hosting linnet.serve), transformers or "
-                             "vllm (repeatable; default: linnet serve's own default backend); the peers need MODEL "
+                        help="linnet:BACKEND, ray:BACKEND (linnet serve --replicas through Ray Serve), "
+                             "triton:BACKEND (tritonserver hosting linnet.serve), transformers or vllm (repeatable; "
+                             "default: linnet serve's own default backend); +json after a linnet or ray server "
+                             "(linnet:onnx:cpu+json) constrains every request by a JSON schema; the peers need MODEL "
                              "as a Hugging Face directory (`linnet export hf`)")
     parser.add_argument("--profile", choices=tuple(PROFILES),
                         help="; ".join(f"{p.name}: {p.describe()}" for p in PROFILES.values()))
@@ -35,6 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--rounds", type=whole(1), default=1,
                         help="measure every server this many times, every other round in the reverse order; a row "
                              "holds the median over rounds (default: 1)")
+    parser.add_argument("--replicas", type=whole(1), default=1,
+                        help="replicas of a ray:BACKEND server, sharing its --threads (default: 1)")
     parser.add_argument("--model-id", type=text,
                         help="the registry id the results name (default: MODEL's registry name, else its file or "
                              "folder name)")
@@ -67,12 +72,13 @@ def handle(args: argparse.Namespace) -> int:
     servers = args.server or [f"linnet:{default_backend(args.dtype)}"]
     for spec in servers:  # a typo is an error now, not a row "not run" after minutes of measuring the others
         try:
-            server_ids(spec)
+            server_ids(spec, args.replicas)
         except NotRunnable as e:
             raise LinnetError(f"--server: {e}") from None
     profile = profile_of(args)
     model_id = args.model_id or (args.model if not Path(args.model).exists() else resolve(args.model).name)
-    results = serving_results(args.model, model_id, servers, profile, args.dtype, args.threads, rounds=args.rounds)
+    results = serving_results(args.model, model_id, servers, profile, args.dtype, args.threads, rounds=args.rounds,
+                              replicas=args.replicas)
     print(format_serving(results, profile))
     if args.output:
         save_results(results, args.output)

@@ -2,8 +2,10 @@
 bench's client, on a tiny checkpoint and a tiny profile."""
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -11,9 +13,17 @@ import sys
 import pytest
 
 from linnet.bench import arithmetic
-from linnet.bench.serving import PROFILES, Prompts, ServingProfile, random_prompts, serving_results, serving_rows
+from linnet.bench.serving import (
+    PROFILES,
+    Prompts,
+    ServingProfile,
+    random_prompts,
+    run_server,
+    serving_results,
+    serving_rows,
+)
 from linnet.bench.serving_client import OPENAI, TRITON, read_chunk
-from linnet.bench.serving_servers import vllm_kv_cache_bytes
+from linnet.bench.serving_servers import NotRunnable, make_server, server_ids, vllm_kv_cache_bytes
 from linnet.model import open_model, open_spec
 from linnet.results import load_results, save_results
 from linnet.site.render import render_site
@@ -126,7 +136,64 @@ def test_a_server_that_cannot_start_is_a_not_run_row(checkpoint_dir):
     failed, unknown = serving_rows(str(checkpoint_dir(CASE)), [SERVER, "bogus"], too_long, "f32", 1, io.StringIO())
     assert failed.id == "serve:reference:numpy" and not failed.metrics
     assert failed.not_run.startswith("failed to start (exit 2)") and "--positions 300" in failed.not_run
-    assert unknown.not_run == "unknown server 'bogus' (known: linnet:BACKEND, triton:BACKEND, transformers, vllm)"
+    assert unknown.not_run == ("unknown server 'bogus' (known: linnet:BACKEND, ray:BACKEND, triton:BACKEND, "
+                               "transformers, vllm; +json after a linnet or ray one)")
+
+
+def test_a_json_schema_row_returns_every_token_and_is_compared_with_the_same_server(checkpoint_dir):
+    """The schema cannot be completed within the new tokens, so each answer is a JSON prefix of exactly them."""
+    model = str(checkpoint_dir(CASE))
+    loaded = open_model(model)
+    prompts = Prompts.draw(loaded.tokenizer, loaded.spec.vocab_size, TINY)
+    plain, constrained = serving_rows(model, [SERVER, SERVER + "+json"], TINY, "f32", 1, io.StringIO())
+    assert constrained.not_run is None, constrained.not_run
+    assert constrained.id == "json-schema:serve:reference:numpy" and constrained.name.endswith("(JSON schema)")
+    assert "30 tokens returned (6 x 5)" in constrained.notes
+    assert constrained.against.row == plain.id == "serve:reference:numpy"
+    recomputed, = [n for n in plain.notes if n.startswith("prompt tokens recomputed (not found cached): ")]
+    done, sent = re.fullmatch(r".*: (\d+) of (\d+) \(\d+%\)", recomputed).groups()
+    assert int(sent) == sum(len(p) for p in prompts.ids) and 0 < int(done) <= int(sent)
+
+    longer = ServingProfile("longer", requests=3, prompt_min=4, prompt_max=12, new_tokens=40, concurrency=3)
+    prompts = Prompts.draw(loaded.tokenizer, loaded.spec.vocab_size, longer)  # long enough to open the string
+    schema = prompts.response_format["json_schema"]["schema"]
+    longest = max(len(t) for t in loaded.tokenizer.hf.get_vocab())
+    assert schema["properties"]["text"]["minLength"] > longer.new_tokens * longest
+    run = run_server(SERVER + "+json", model, None, longer, "f32", 1, prompts, io.StringIO())
+    assert run.server.body["response_format"] == prompts.response_format
+    opening = '{"text": "'
+    for timing in run.load.timings:
+        assert timing.completion_tokens == longer.new_tokens
+        assert timing.text.startswith(opening) and len(timing.text) > len(opening), timing.text
+        assert '"' not in timing.text[len(opening):].replace('\\"', "")  # the string never closes
+
+
+def test_json_and_ray_servers_are_refused_by_name_where_they_cannot_run(checkpoint_dir, monkeypatch):
+    for spec in ("vllm+json", "transformers+json", "triton:reference:numpy+json"):
+        with pytest.raises(NotRunnable, match="JSON-schema load .* linnet:BACKEND and ray:BACKEND servers only"):
+            server_ids(spec)
+    row_id, name, _ = server_ids("ray:reference:numpy+json", 2)
+    assert row_id == "json-schema:ray:serve:reference:numpy"
+    assert name.startswith("linnet.serve on Ray Serve (2 replicas), ") and name.endswith(" (JSON schema)")
+    if importlib.util.find_spec("ray") is not None:
+        with pytest.raises(NotRunnable, match="2 replicas need at least 2 threads"):
+            make_server("ray:reference:numpy", "m", None, 1, 16, 1, 1, 1, "f32", 1, replicas=2)
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    row, = serving_rows(str(checkpoint_dir(CASE)), ["ray:reference:numpy"], TINY, "f32", 1, io.StringIO())
+    assert row.id == "ray:serve:reference:numpy" and row.not_run.startswith("no Ray Serve (ray")
+    assert row.not_run.endswith("pip install 'linnet[ray]'")
+
+
+@pytest.mark.slow  # Ray takes 10-20 s to start
+def test_ray_serve_with_one_replica_is_compared_with_linnet_serve_alone(checkpoint_dir):
+    pytest.importorskip("ray.serve")
+    plain, ray = serving_rows(str(checkpoint_dir(CASE)), [SERVER, "ray:reference:numpy"], TINY, "f32", 1,
+                              io.StringIO())
+    assert ray.not_run is None, ray.not_run
+    assert ray.id == "ray:serve:reference:numpy" and "(1 replica)" in ray.name
+    assert "30 tokens returned (6 x 5)" in ray.notes and "1 replica of 1 thread each" in " ".join(ray.notes)
+    assert ray.against.row == plain.id == "serve:reference:numpy"
+    assert ray.value("peak_mem_gib") > plain.value("peak_mem_gib")  # Ray's own processes are counted too
 
 
 def test_vllms_kv_cache_is_sized_by_the_load(checkpoint_dir):
