@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 
 import pytest
@@ -37,7 +38,8 @@ def reached(*args: object, **kwargs: object) -> None:
 # (module, attribute): the first real work of each command, replaced by ``reached``
 WORK = [
     ("linnet.commands.run", "pick_runner"),
-    ("linnet.serve.model_thread", "ModelThread"),  # serve: the runner is built on it
+    ("linnet.commands.serve", "serve"),  # serve: the server starts, loading the model behind it
+    ("linnet.serve.model_thread", "ModelThread"),  # the runner is built on it (triton's engine too)
     ("linnet.commands.bench", "run_bench"),
     ("linnet.commands.bench", "run_all"),
     ("linnet.commands.bench_serve", "serving_results"),
@@ -47,6 +49,9 @@ WORK = [
     ("linnet.commands.triton", "atomic_write"),
     ("linnet.site.render", "atomic_write"),  # site: the results files are read and checked first
 ]
+
+if importlib.util.find_spec("ray") is not None:
+    WORK.append(("linnet.ray.deployment", "build"))  # serve --replicas: the application, before Ray starts
 
 ODD = ["", " ", "-", "--", "-1", "0", "1", "2", "3", "65535", "65536", "70000", str(2**63), str(2**64), "1e400",
        "nan", "inf", "-inf", "0.5", "1.5", "4M", "0k", "1G", "99999999999999999999G", "caf\udce9 \udcff", "\ud800",

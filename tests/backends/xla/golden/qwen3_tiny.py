@@ -156,7 +156,8 @@ def sample(logits, temperature, top_k, top_p, keys):
 
     def one(scores, temperature, top_k, top_p, key):
         key, draw = jax.random.split(key)
-        scaled = scores / jnp.where(temperature > 0, temperature, 1.0)
+        # shifted first: a tiny temperature must not overflow
+        scaled = (scores - scores.max()) / jnp.where(temperature > 0, temperature, 1.0)
         k = jnp.where((top_k > 0) & (top_k < vocab), top_k, vocab)
         cutoff = jnp.sort(scaled)[vocab - k]
         probs = jax.nn.softmax(jnp.where(scaled >= cutoff, scaled, -jnp.inf))
