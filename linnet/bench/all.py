@@ -1,7 +1,8 @@
 """``linnet bench MODEL --all -o DIR``: every row this machine can run, into one results file that grows row by row.
 
 The rows are the peers (transformers first: the reference), every benched Linnet backend in each dtype it
-declares (``torch:inductor@bf16``), vLLM, and the serving rows. They run one after another, each subject in
+declares (``torch:inductor@bf16``), the serving rows, then vLLM on one request (``linnet.bench.vllm_rows``:
+on the checkpoint, and on Linnet's Hugging Face export of it). They run one after another, each subject in
 worker processes of its own (an untimed primer, then the timed one, as ``linnet bench --sequential``), all
 on one checkpoint with one seeded prompt. A subject still running after the time limit is killed with what
 it started and recorded "not run: time limit of N s". A GGUF model is first exported as a Hugging Face
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from linnet.backends.registry import backends
-from linnet.bench import arithmetic, bandwidth, machine
+from linnet.bench import arithmetic, bandwidth, machine, vllm_rows
 from linnet.bench.harness import (
     distance_from_reference,
     importable_here,
@@ -56,7 +57,6 @@ PROFILES = {
     "gpu-small": Protocol(prompt_tokens=512, new_tokens=128, batch=1, runs=3, warmups=1),
 }
 TIME_LIMIT_S = 1800  # per row: a compiled backend's first compile on a slow CPU takes minutes, not half an hour
-VLLM_ROWS = {"vllm": "vLLM", "vllm:linnet-export": "vLLM on Linnet's export"}
 
 
 # Each bench profile's serving profile (linnet.bench.serving), where this Linnet has the serving bench.
@@ -83,6 +83,7 @@ class AllSettings:
     time_limit_s: float = TIME_LIMIT_S
     resume: bool = False
     force: bool = False
+    only: tuple[str, ...] = ()  # row ids: run these alone, again if the file holds them (with resume)
 
 
 def plan(dtype: str) -> list[Planned]:
@@ -135,6 +136,11 @@ def results_path(settings: AllSettings) -> Path:
 
 def run_all(settings: AllSettings, log: Any = sys.stderr) -> tuple[Results, Path]:
     protocol = protocol_of(settings.profile)
+    planned = plan(settings.dtype) + [Planned(i, i, settings.dtype) for i in vllm_rows.ROWS]
+    unknown = sorted(set(settings.only) - {p.id for p in planned})
+    if unknown:
+        raise LinnetError(f"no row {', '.join(map(repr, unknown))} in this run; its rows: "
+                          f"{', '.join(p.id for p in planned)}")
     out = results_path(settings)
     work = out.with_name(f".{out.stem}.work")
     done = _previous(settings, out, protocol)
@@ -146,7 +152,6 @@ def run_all(settings: AllSettings, log: Any = sys.stderr) -> tuple[Results, Path
     checkpoint, exported = _checkpoint(settings.model, work, log)
     spec = open_spec(str(checkpoint))
     prompt = random_prompt(spec.vocab_size, protocol.prompt_tokens)
-    planned = plan(settings.dtype)
     jobs = {}
     for dtype in dict.fromkeys(p.dtype for p in planned if not p.serving):
         (work / dtype).mkdir(exist_ok=True)
@@ -168,9 +173,12 @@ def run_all(settings: AllSettings, log: Any = sys.stderr) -> tuple[Results, Path
             versions=machine.versions(), protocol=protocol, rows=[], profile=settings.profile)
     results = done
     rows = {r.id: r for r in results.rows}
-    todo = [p for p in planned if p.id not in rows]
-    print(f"linnet bench --all: {len(planned) - len(todo)} of {len(planned)} rows done already, "
-          f"{len(todo)} to run, at most {settings.time_limit_s:g} s each; writing {out}", file=log, flush=True)
+    # Rows asked for by name run again, even where the file holds them (a "not run" row, say).
+    todo = [p for p in planned if p.id in settings.only] if settings.only else \
+        [p for p in planned if p.id not in rows]
+    why = "the rows asked for" if settings.only else f"{len(planned) - len(todo)} done already"
+    print(f"linnet bench --all: {len(todo)} of {len(planned)} rows to run ({why}), "
+          f"at most {settings.time_limit_s:g} s each; writing {out}", file=log, flush=True)
     for i, p in enumerate(todo, 1):
         print(f"linnet bench --all: [{i}/{len(todo)}] {p.id} ...", file=log, flush=True)
         started = time.monotonic()
@@ -178,6 +186,9 @@ def run_all(settings: AllSettings, log: Any = sys.stderr) -> tuple[Results, Path
             row = serving_row(p, str(checkpoint), settings.profile, threads, settings.time_limit_s, log)
             if results.machine.matmul_gflop_s:
                 arithmetic.add_notes([row], spec, results.machine.matmul_gflop_s.value, p.dtype)
+        elif p.id in vllm_rows.ROWS:
+            row = run_vllm_row(p, checkpoint, exported, work, jobs, spec, results.machine, threads,
+                               settings.time_limit_s, log)
         else:
             report = run_row(p, work / f"job-{p.dtype}.json", env, protocol, settings.time_limit_s, log)
             row = _row(p, report, jobs, work, spec, results.machine, exported)
@@ -189,10 +200,9 @@ def run_all(settings: AllSettings, log: Any = sys.stderr) -> tuple[Results, Path
         outcome = f"not run: {row.not_run}" if row.not_run else f"{row.value(metric):.1f} tok/s"
         print(f"linnet bench --all: [{i}/{len(todo)}] {p.id}: {outcome} ({time.monotonic() - started:.0f} s)",
               file=log, flush=True)
-    for row in _vllm_rows():
-        rows.setdefault(row.id, row)
     results = _save(results, planned, rows, out)
-    shutil.rmtree(work)
+    if all(p.id in rows for p in planned):
+        shutil.rmtree(work)
     return results, out
 
 
@@ -237,7 +247,8 @@ def run_row(p: Planned, job: Path, env: dict[str, str], protocol: Protocol, time
 
 
 def _row(p: Planned, report: dict[str, Any], jobs: dict[str, Job], work: Path, spec: Any, on: Machine,
-         exported: str | None) -> Row:
+         exported: str | None, make: Any = make_row) -> Row:
+    """``make``: the report to a row (``make_row(subject, report, distance, interleaved)``)."""
     reference = work / "reference.json"
     distance = None
     if "not_run" not in report:
@@ -247,13 +258,15 @@ def _row(p: Planned, report: dict[str, Any], jobs: dict[str, Job], work: Path, s
             ref = json.loads(reference.read_text())
             distance = distance_from_reference(jobs[p.dtype], p.subject, {p.subject: report, REFERENCE: ref},
                                                reference=jobs[ref["dtype"]])
-    row = make_row(p.subject, report, distance, interleaved=False)
+    row = make(p.subject, report, distance, interleaved=False)
     if p.id != p.subject:
         row.id, row.name = p.id, f"{row.name} {p.dtype}"
     elif row.not_run is None:
         row.notes.insert(0, p.dtype)
     if row.not_run is None:
-        reads = bandwidth.subject_reads(p.subject, jobs[p.dtype], spec, bool(report.get("accelerator")))
+        # vLLM, as the other peers, keeps its KV cache in the weights' dtype
+        reads = bandwidth.subject_reads(REFERENCE if p.id in vllm_rows.ROWS else p.subject, jobs[p.dtype], spec,
+                                        bool(report.get("accelerator")))
         assert on.read_gb_s is not None  # measured before any row
         row.notes.append(reads.note(row.measured("decode_tok_s"), on.read_gb_s.value))
         if exported:
@@ -261,10 +274,34 @@ def _row(p: Planned, report: dict[str, Any], jobs: dict[str, Job], work: Path, s
     return row
 
 
-def _vllm_rows() -> list[Row]:
-    reason = ("vLLM is not installed" if importlib.util.find_spec("vllm") is None
-              else "vLLM is installed, but Linnet's bench has no vLLM subject to run it")
-    return [Row(i, "LLM engines", name, not_run=reason) for i, name in VLLM_ROWS.items()]
+def run_vllm_row(p: Planned, checkpoint: Path, exported: str | None, work: Path, jobs: dict[str, Job], spec: Any,
+             on: Machine, threads: int, time_limit_s: float, log: Any) -> Row:
+    """vLLM on one request (``linnet.bench.vllm_rows``), on the checkpoint every row loads, or (``vllm:linnet-export``)
+    on Linnet's Hugging Face export of it, written in the row's dtype."""
+    reason = vllm_rows.missing()
+    if reason:
+        return vllm_rows.not_run(p.id, reason)
+    model_dir, origin = checkpoint, exported
+    if p.id == vllm_rows.EXPORT:
+        if exported:
+            return vllm_rows.not_run(p.id, "the model is a GGUF file, which vLLM does not load: the vllm row "
+                                           "already runs on Linnet's Hugging Face export of it")
+        from linnet.hf.export import export_hf
+
+        started = time.monotonic()
+        try:
+            model_dir = export_hf(open_model(str(checkpoint)), work / "vllm-linnet-export", p.dtype, force=True)
+        except LinnetError as e:
+            return vllm_rows.not_run(p.id, f"linnet.hf.export refused the model: {e}")
+        origin = (f"linnet.hf.export in {p.dtype} ({time.monotonic() - started:.0f} s), then vLLM on the exported "
+                  "checkpoint")
+    from linnet.bench.serving_servers import vllm_kv_cache_bytes
+
+    protocol = jobs[p.dtype].protocol
+    kv_bytes = vllm_kv_cache_bytes(model_dir, 1, protocol.prompt_tokens + protocol.new_tokens, p.dtype)
+    report = vllm_rows.run_vllm(p.id, work / f"job-{p.dtype}.json", model_dir, kv_bytes,
+                                vllm_rows.vllm_environment(threads), protocol, time_limit_s, log)
+    return _row(p, report, jobs, work, spec, on, origin, make=vllm_rows.make_vllm_row)
 
 
 def serving_row(p: Planned, checkpoint: str, profile: str, threads: int, time_limit_s: float, log: Any) -> Row:
@@ -303,8 +340,13 @@ def _save(results: Results, planned: list[Planned], rows: dict[str, Row], out: P
 
 def add_comparisons(rows: list[Row]) -> None:
     """Each Linnet decode row against the stack it replaces: the fastest peer of its group that ran, else the
-    fastest peer of all."""
+    fastest peer of all; vLLM on Linnet's export against vLLM on the checkpoint."""
     peers = [r for r in rows if r.id in PEERS and r.not_run is None and r.value("decode_tok_s")]
+    ran = {r.id: r for r in rows if r.not_run is None and r.value("decode_tok_s")}
+    if vllm_rows.EXPORT in ran and "vllm" in ran:  # the same engine on Linnet's export: a change, not a win
+        export, original = ran[vllm_rows.EXPORT], ran["vllm"]
+        export.against = Against("vllm", "decode_tok_s",
+                                 export.measured("decode_tok_s") / original.measured("decode_tok_s"), export=True)
     for row in rows:
         if not (row.linnet and row.not_run is None and row.value("decode_tok_s")) or not peers:
             continue

@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--profile", choices=tuple(PROFILES), default="seed",
                         help="with --all: the protocol (default: seed, 512 + 128 tokens, 3 warm-ups, 10 runs)")
     parser.add_argument("--resume", action="store_true", help="with --all: run only the rows the results file lacks")
+    parser.add_argument("--only", action="append", metavar="ROW",
+                        help="with --all: run this row alone (repeatable), again where the file holds it; "
+                             "e.g. --only vllm --only vllm:linnet-export")
     parser.add_argument("--time-limit", type=whole(1), default=TIME_LIMIT_S,
                         help=f"with --all: seconds each row may take (default: {TIME_LIMIT_S})")
     add_speculation_arguments(parser)
@@ -92,7 +95,7 @@ def handle_all(args: argparse.Namespace) -> int:
     if not args.output:
         raise LinnetError("--all writes a results file into a directory: give it with -o DIR")
     settings = AllSettings(args.model, Path(args.output), args.profile, args.dtype, args.threads, args.time_limit,
-                           args.resume, args.force)
+                           args.resume, args.force, tuple(args.only or ()))
     results, path = run_all(settings)
     print(format_results(results))
     print(f"\nwrote {path}")
