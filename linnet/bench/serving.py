@@ -1,6 +1,7 @@
 """The serving benchmark: servers (OpenAI-compatible ones, and Triton hosting linnet.serve), each started and
 stopped in turn, driven over HTTP by N requests of random prompt lengths and fixed new tokens, at most C in
-flight, timed at the client.
+flight, timed at the client. A profile of several turns makes the requests conversations: a turn's prompt is
+the previous turn's and more, sent once that one has been answered (``random_load``).
 
 Every server gets the same prompts (token ids drawn with a fixed seed) and must return exactly
 ``new_tokens`` tokens for each (greedy, the end-of-sequence token ignored). A row's ``serve_tok_s`` is all
@@ -30,6 +31,7 @@ from linnet.bench.serving_client import Load, ServingError, run_load
 from linnet.bench.serving_servers import (
     JSON_ROWS,
     RAY_ROWS,
+    ROUND_ROBIN_ROWS,
     TRITON_ROWS,
     NotRunnable,
     Running,
@@ -51,23 +53,49 @@ WARM_UP_SEED = 1
 class ServingProfile:
     name: str
     requests: int
-    prompt_min: int
+    prompt_min: int  # with several turns: a conversation's opening (its first turn's prompt)
     prompt_max: int
     new_tokens: int
     concurrency: int  # requests in flight at most: the servers' rows
     shared: int = 0  # tokens every prompt begins with (a system prompt), counted in its length
+    turns: int = 1  # a conversation's requests: each later turn's prompt is the previous one's plus turn_tokens
+    turn_tokens: tuple[int, int] = (0, 0)  # the least and most tokens a later turn adds
+
+    def __post_init__(self) -> None:
+        if self.turns < 1:
+            raise LinnetError(f"profile {self.name}: turns must be at least 1, got {self.turns}")
+        if self.requests % self.turns:
+            raise LinnetError(f"profile {self.name}: {self.requests} requests are not whole conversations of "
+                              f"{self.turns} turns: --requests must be a multiple of {self.turns}")
+        low, high = self.turn_tokens
+        if self.turns > 1 and not 1 <= low <= high:
+            raise LinnetError(f"profile {self.name}: turn_tokens needs 1 <= least <= most, got {self.turn_tokens}")
+
+    @property
+    def conversations(self) -> int:
+        return self.requests // self.turns
+
+    @property
+    def longest_prompt(self) -> int:
+        return self.prompt_max + (self.turns - 1) * self.turn_tokens[1]
 
     @property
     def positions(self) -> int:
-        return self.prompt_max + self.new_tokens
+        return self.longest_prompt + self.new_tokens
 
     def serving(self) -> Serving:
-        return Serving(self.requests, self.prompt_min, self.prompt_max, self.new_tokens, self.concurrency)
+        return Serving(self.requests, self.prompt_min, self.longest_prompt, self.new_tokens, self.concurrency)
 
     def describe(self) -> str:
         shared = f" (the first {self.shared} shared by all)" if self.shared else ""
-        return (f"{self.requests} requests of {self.prompt_min}-{self.prompt_max} prompt tokens{shared} and "
-                f"{self.new_tokens} new tokens, at most {self.concurrency} in flight")
+        if self.turns == 1:
+            return (f"{self.requests} requests of {self.prompt_min}-{self.prompt_max} prompt tokens{shared} and "
+                    f"{self.new_tokens} new tokens, at most {self.concurrency} in flight")
+        low, high = self.turn_tokens
+        return (f"{self.requests} requests in {self.conversations} conversations of {self.turns} turns, sent turn "
+                f"by turn: each opens with {self.prompt_min}-{self.prompt_max} prompt tokens{shared or ' of its own'}, "
+                f"and a later turn's prompt is the previous one's and {low}-{high} more (up to "
+                f"{self.longest_prompt}); {self.new_tokens} new tokens, at most {self.concurrency} in flight")
 
 
 PROFILES = {p.name: p for p in (
@@ -75,15 +103,48 @@ PROFILES = {p.name: p for p in (
     ServingProfile("cpu-prompt", 64, 128, 512, 64, 16),  # prompt-heavy, sized for a CPU
     ServingProfile("cpu-decode", 64, 32, 128, 128, 16),  # decode-heavy
     ServingProfile("cpu-chat", 64, 1024 + 32, 1024 + 128, 64, 16, shared=1024),  # a shared system prompt
+    # Conversations: what tells prefix-aware routing from round-robin (in cpu-chat every replica soon holds the
+    # one system prompt). cpu-chat's requests, new tokens and longest prompt (768 + 3 x 128 = 1152), so the
+    # same positions; a turn adds the previous answer's worth (64) and a user message of up to 64. 16
+    # conversations: all in flight at once (16), and all on one replica would still fit its 16 rows.
+    ServingProfile("cpu-turns", 64, 512, 768, 64, 16, turns=4, turn_tokens=(64, 128)),
 )}
 
 
 def random_prompts(vocab_size: int, profile: ServingProfile, seed: int = PROMPT_SEED) -> list[list[int]]:
+    return random_load(vocab_size, profile, seed)[0]
+
+
+def random_load(vocab_size: int, profile: ServingProfile,
+                seed: int = PROMPT_SEED) -> tuple[list[list[int]], list[int | None]]:
+    """The load's prompts in the order they are sent, and for each the index of the request it follows (its
+    conversation's previous turn: sent only once that one has finished) or None.
+
+    With several turns the order is turn by turn (every conversation's turn k before any turn k+1), shuffled
+    within a turn: in a fixed order a round-robin router over an even number of replicas would send a
+    conversation to the same replica every turn. The answers are not fed back (the prompts are drawn before
+    the load), so a row that served turn k holds exactly turn k's prompt as a prefix of turn k+1's."""
     rng = np.random.default_rng(seed)
-    lengths = rng.integers(profile.prompt_min, profile.prompt_max + 1, profile.requests)
+    lengths = rng.integers(profile.prompt_min, profile.prompt_max + 1, profile.conversations)
     # drawn with the seed, so the warm-up's differs (a server must not find the load's in its cache)
     shared = rng.integers(0, vocab_size, profile.shared).tolist() if profile.shared else []
-    return [shared + rng.integers(0, vocab_size, n - profile.shared).tolist() for n in lengths]
+    openings = [shared + rng.integers(0, vocab_size, n - profile.shared).tolist() for n in lengths]
+    if profile.turns == 1:
+        return openings, [None] * len(openings)
+    conversations = [[opening] for opening in openings]
+    low, high = profile.turn_tokens
+    for _ in range(1, profile.turns):
+        for turns in conversations:
+            turns.append(turns[-1] + rng.integers(0, vocab_size, int(rng.integers(low, high + 1))).tolist())
+    prompts: list[list[int]] = []
+    follows: list[int | None] = []
+    sent_at = [-1] * profile.conversations  # where each conversation's latest turn is in the load
+    for turn in range(profile.turns):
+        for c in rng.permutation(profile.conversations).tolist():
+            follows.append(sent_at[c] if turn else None)
+            sent_at[c] = len(prompts)
+            prompts.append(conversations[c][turn])
+    return prompts, follows
 
 
 @dataclass(frozen=True)
@@ -99,13 +160,14 @@ class Prompts:
     warm_up_ids: list[int]
     warm_up_text: str
     response_format: dict[str, Any] | None = None  # what a +json server's requests carry
+    follows: list[int | None] | None = None  # per request, the one it waits for (``random_load``); None: none
 
     @classmethod
     def draw(cls, tokenizer: Any, vocab_size: int, profile: ServingProfile) -> Prompts:
-        ids = random_prompts(vocab_size, profile)
+        ids, follows = random_load(vocab_size, profile)
         warm_up = random_prompts(vocab_size, profile, WARM_UP_SEED)[0]
         texts = [tokenizer.decode(p, skip_special_tokens=False) for p in [*ids, warm_up]]
-        return cls(ids, texts[:-1], warm_up, texts[-1], json_schema_format(tokenizer, profile.new_tokens))
+        return cls(ids, texts[:-1], warm_up, texts[-1], json_schema_format(tokenizer, profile.new_tokens), follows)
 
     def sent(self, token_ids: bool) -> tuple[list[int] | str, list[list[int]] | list[str]]:
         """The warm-up and the load as a server takes them: token ids, or text."""
@@ -193,7 +255,7 @@ def run_server(spec: str, model: str, hf_dir: Path | None, profile: ServingProfi
         load_s = running.elapsed()
         print(f"linnet bench-serve: {spec} ready in {load_s:.1f} s; {profile.describe()}", file=log, flush=True)
         load = run_load(running.url, server.model, sent, profile.new_tokens, profile.concurrency, server.body,
-                        server.api)
+                        server.api, prompts.follows)
     except ServingError as e:
         raise NotRunnable(f"failed: {e}") from None
     finally:
@@ -280,8 +342,9 @@ def add_comparisons(rows: list[Row]) -> None:
 
 def same_run_baseline(row_id: str) -> str:
     """The id of the row a row is measured against in the same run; "" for linnet serve alone (a peer)."""
-    if row_id.startswith(JSON_ROWS):
-        return row_id.removeprefix(JSON_ROWS)
+    for variant in (JSON_ROWS, ROUND_ROBIN_ROWS):  # the same server constrained, or routed in turn
+        if row_id.startswith(variant):
+            return row_id.removeprefix(variant)
     for hosted in (TRITON_ROWS, RAY_ROWS):
         if row_id.startswith(hosted):
             return "serve:" + row_id.removeprefix(hosted)
@@ -297,7 +360,7 @@ def serving_results(model: str, model_id: str, servers: list[str], profile: Serv
     env = importable_here(worker_environment(threads or machine.cores(), "inherit"))
     gflop_s = arithmetic.measure_apart(env, dtype, log)
     arithmetic.add_notes(rows, open_spec(str(resolve(model))), statistics.median(gflop_s), dtype)
-    protocol = Protocol(prompt_tokens=profile.prompt_max, new_tokens=profile.new_tokens, batch=profile.concurrency,
+    protocol = Protocol(prompt_tokens=profile.longest_prompt, new_tokens=profile.new_tokens, batch=profile.concurrency,
                         runs=rounds, warmups=1, serving=profile.serving())
     return Results(model=model_id, timestamp=started,
                    machine=Machine(accelerator=None, cpu=machine.cpu(),

@@ -54,21 +54,38 @@ class Load:
 
 
 def run_load(url: str, model: str, prompts: Sequence[list[int] | str], new_tokens: int, concurrency: int,
-             extra: dict[str, Any], api: str = OPENAI) -> Load:
-    return asyncio.run(_load(url, model, prompts, new_tokens, concurrency, extra, api))
+             extra: dict[str, Any], api: str = OPENAI, follows: Sequence[int | None] | None = None) -> Load:
+    """Send ``prompts`` in the order given, each once fewer than ``concurrency`` are in flight and, where
+    ``follows`` names an earlier request for it (a conversation's previous turn), once that one has finished;
+    the requests after it wait behind it, so the order sent is always the order given."""
+    if follows is not None and (len(follows) != len(prompts)
+                                or any(f is not None and not 0 <= f < i for i, f in enumerate(follows))):
+        raise ValueError("follows needs one entry a prompt, each None or the index of an earlier prompt")
+    return asyncio.run(_load(url, model, prompts, new_tokens, concurrency, extra, api, follows))
 
 
 async def _load(url: str, model: str, prompts: Sequence[list[int] | str], new_tokens: int, concurrency: int,
-                extra: dict[str, Any], api: str) -> Load:
+                extra: dict[str, Any], api: str, follows: Sequence[int | None] | None) -> Load:
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
         async def one(prompt: list[int] | str) -> Timing:
-            async with gate:
+            try:
                 return await complete(client, api, model, prompt, new_tokens, extra)
+            finally:
+                gate.release()
 
         start = time.perf_counter()
-        timings = await asyncio.gather(*(one(p) for p in prompts))
+        sent: list[asyncio.Task[Timing]] = []
+        for i, prompt in enumerate(prompts):
+            previous = follows[i] if follows is not None else None
+            if previous is not None:
+                await asyncio.wait([sent[previous]])
+            if any(task.done() and task.exception() is not None for task in sent):
+                break  # a request failed: gather raises its error, with nothing more sent
+            await gate.acquire()
+            sent.append(asyncio.create_task(one(prompt)))
+        timings = await asyncio.gather(*sent)
         return Load(list(timings), time.perf_counter() - start)
 
 

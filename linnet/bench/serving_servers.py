@@ -10,6 +10,9 @@ vLLM's CPU build pins its own torch, so it lives in a virtual environment of its
 
 ``+json`` after a linnet or ray server (``linnet:onnx:cpu+json``) sends every request a JSON schema as its
 ``response_format``: the same server under a constrained load, a row of its own beside the unconstrained one.
+``+round-robin`` after a ray server (``ray:onnx:cpu+round-robin``) routes its replicas' requests in turn
+(``linnet serve --router round-robin``) rather than by prompt prefix: the baseline of prefix-aware routing,
+a row of its own beside the prefix-aware one. The two suffixes go together, in either order.
 """
 from __future__ import annotations
 
@@ -44,6 +47,8 @@ RAY_ROWS = "ray:serve:"  # + BACKEND: linnet serve's replicas through Ray Serve
 # Not "serve:...": the site's cards take any "serve:*" row for linnet serve alone, unconstrained.
 JSON_ROWS = "json-schema:"  # + the unconstrained row's id
 JSON_SUFFIX = "+json"
+ROUND_ROBIN_ROWS = "round-robin:"  # + the prefix-aware row's id
+ROUND_ROBIN_SUFFIX = "+round-robin"
 # The usage counts at the end of the stream, which the client needs from every server.
 WITH_USAGE = {"stream_options": {"include_usage": True}}
 # Greedy, every new token whatever it is (vLLM's extension), and the usage counts.
@@ -75,7 +80,7 @@ class Server:
 
 def server_ids(spec: str, replicas: int = 1) -> tuple[str, str, bool]:
     """A server spec's row id, shown name and whether it is Linnet's (known before it starts)."""
-    base, constrained = split_json(spec)
+    base, constrained, round_robin = split_suffixes(spec)
     if base.startswith(("linnet:", "triton:", "ray:")):
         kind, backend = base.split(":", 1)
         if backend not in backend_ids():
@@ -85,26 +90,37 @@ def server_ids(spec: str, replicas: int = 1) -> tuple[str, str, bool]:
             return TRITON_ROWS + backend, f"Triton hosting linnet.serve, {display}", True
         row_id, name = f"serve:{backend}", f"linnet.serve, {display}"
         if kind == "ray":
-            row_id = RAY_ROWS + backend
-            name = f"linnet.serve on Ray Serve ({replicas} replica{'s' if replicas > 1 else ''}), {display}"
+            row_id = (ROUND_ROBIN_ROWS if round_robin else "") + RAY_ROWS + backend
+            routed = ", round-robin" if round_robin else ""
+            name = f"linnet.serve on Ray Serve ({replicas} replica{'s' if replicas > 1 else ''}{routed}), {display}"
         return (JSON_ROWS + row_id, f"{name} (JSON schema)", True) if constrained else (row_id, name, True)
     if spec == "transformers":
         return "transformers:serve", "transformers serve", False
     if spec == "vllm":
         return "vllm:serve", "vLLM serve", False
     known = ", ".join(["linnet:BACKEND", "ray:BACKEND", "triton:BACKEND", "transformers", "vllm"])
-    raise NotRunnable(f"unknown server {spec!r} (known: {known}; {JSON_SUFFIX} after a linnet or ray one)")
+    raise NotRunnable(f"unknown server {spec!r} (known: {known}; {JSON_SUFFIX} after a linnet or ray one, "
+                      f"{ROUND_ROBIN_SUFFIX} after a ray one)")
 
 
-def split_json(spec: str) -> tuple[str, bool]:
-    """The spec without its ``+json``, and whether it had one; refused on a server that cannot take it."""
-    if not spec.endswith(JSON_SUFFIX):
-        return spec, False
-    base = spec.removesuffix(JSON_SUFFIX)
-    if not base.startswith(("linnet:", "ray:")):
+def split_suffixes(spec: str) -> tuple[str, bool, bool]:
+    """The spec without its ``+json`` and ``+round-robin`` (either, both, in either order), and whether it
+    had each; refused where unknown, repeated, or on a server that cannot take it."""
+    base, *suffixes = spec.split("+")
+    known = (JSON_SUFFIX, ROUND_ROBIN_SUFFIX)
+    for suffix in suffixes:
+        if "+" + suffix not in known:
+            raise NotRunnable(f"{spec!r}: unknown suffix '+{suffix}' (known: {', '.join(known)})")
+    if len(set(suffixes)) < len(suffixes):
+        raise NotRunnable(f"{spec!r}: a suffix given twice")
+    constrained, round_robin = JSON_SUFFIX[1:] in suffixes, ROUND_ROBIN_SUFFIX[1:] in suffixes
+    if constrained and not base.startswith(("linnet:", "ray:")):
         raise NotRunnable(f"{spec!r}: the JSON-schema load ({JSON_SUFFIX}) is measured on linnet:BACKEND and "
                           "ray:BACKEND servers only")
-    return base, True
+    if round_robin and not base.startswith("ray:"):
+        raise NotRunnable(f"{spec!r}: round-robin routing ({ROUND_ROBIN_SUFFIX}) is a choice of ray:BACKEND "
+                          "servers only (linnet serve --replicas N --router round-robin)")
+    return base, constrained, round_robin
 
 
 def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions: int, rows: int, queue: int,
@@ -116,7 +132,7 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
     env = worker_environment(threads, "inherit")
     address = ["--host", "127.0.0.1", "--port", str(port)]
     if linnet:
-        base, constrained = split_json(spec)
+        base, constrained, round_robin = split_suffixes(spec)
         kind, backend = base.split(":", 1)  # ones server_ids knows
         if kind == "triton":
             return triton_server(row_id, name, backend, model, port, positions, rows, queue, dtype, threads, env)
@@ -130,7 +146,7 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
                          "within the new tokens")
         scale: list[str] = []
         if kind == "ray":
-            scale, threads = ray_scale(replicas, threads, notes)
+            scale, threads = ray_scale(replicas, threads, round_robin, notes)
         command = [sys.executable, "-P", "-m", "linnet", "serve", model, "--backend", backend, "--dtype", dtype,
                    "--threads", str(threads), "--rows", str(rows), "--positions", str(positions),
                    "--max-queue", str(queue), *scale, *address]
@@ -173,10 +189,11 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
                   memory_is_setting=True)
 
 
-def ray_scale(replicas: int, threads: int, notes: list[str]) -> tuple[list[str], int]:
-    """``linnet serve``'s flags for ``replicas`` replicas through Ray Serve, and each one's threads: the
-    server's threads shared among them (Ray reserves a CPU per thread, so more would leave replicas unplaced).
-    Raises NotRunnable where Ray Serve is not installed."""
+def ray_scale(replicas: int, threads: int, round_robin: bool, notes: list[str]) -> tuple[list[str], int]:
+    """``linnet serve``'s flags for ``replicas`` replicas through Ray Serve, routed by prompt prefix or in
+    turn (``round_robin``), and each one's threads: the server's threads shared among them (Ray reserves a
+    CPU per thread, so more would leave replicas unplaced). Raises NotRunnable where Ray Serve is not
+    installed."""
     try:
         import ray.serve  # noqa: F401 (only whether it is there)
     except ModuleNotFoundError as e:
@@ -184,11 +201,13 @@ def ray_scale(replicas: int, threads: int, notes: list[str]) -> tuple[list[str],
     if threads < replicas:
         raise NotRunnable(f"{replicas} replicas need at least {replicas} threads (a CPU each), got {threads}")
     each = threads // replicas
+    router = "round-robin" if round_robin else "prefix"
     notes += [f"{replicas} replica{'s' if replicas > 1 else ''} of {each} thread{'s' if each > 1 else ''} each, "
-              "routed by prompt prefix; the rows and queue are each replica's",
+              f"routed {'in turn (round-robin)' if round_robin else 'by prompt prefix'}; the rows and queue are "
+              "each replica's",
               "peak memory counts every process of the local Ray instance the server starts (its GCS, raylet, "
               "agents and workers), not only the replicas"]
-    return ["--replicas", str(replicas)], each
+    return ["--replicas", str(replicas), "--router", router], each
 
 
 def vllm_kv_cache_bytes(hf_dir: Path, rows: int, positions: int, dtype: str) -> int:

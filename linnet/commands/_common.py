@@ -28,7 +28,7 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=whole(1), default=1,
                         help="shard the model over N devices, tensor-parallel (xla:jax; default: 1)")
     parser.add_argument("--num-processes", type=whole(1), default=1, metavar="P",
-                        help="one model across P processes, one per host (xla:jax, linnet run; default: 1); each "
+                        help="one model across P processes, one per host (xla:jax; default: 1); each "
                              "started with its --process-id and the same --coordinator (docs/XLA.md)")
     parser.add_argument("--process-id", type=whole(0), default=None, metavar="I",
                         help="with --num-processes: this process's index, 0 to P-1; process 0 hosts the coordinator")
@@ -52,6 +52,9 @@ def coordinator_address(text: str) -> str:
     return text
 
 
+RAY_FLAGS = ("replicas", "min_replicas", "max_replicas", "ray_address", "router")  # linnet serve's, for Ray Serve
+
+
 def check_process_arguments(args: argparse.Namespace) -> None:
     """Refuse the multi-process flags where they cannot apply, by name (``linnet.backends.xla.distributed``)."""
     processes = getattr(args, "num_processes", 1)  # a caller's own Namespace may lack these flags
@@ -63,8 +66,13 @@ def check_process_arguments(args: argparse.Namespace) -> None:
                               "more")
         return
     command = getattr(args, "command", "run")
-    if command != "run":
-        raise LinnetError(f"linnet {command} runs in one process; --num-processes is for linnet run (xla:jax)")
+    if command not in ("run", "serve"):
+        raise LinnetError(f"linnet {command} runs in one process; --num-processes is for linnet run and linnet serve "
+                          "(xla:jax)")
+    ray = [f"--{name.replace('_', '-')}" for name in RAY_FLAGS if getattr(args, name, None)]
+    if command == "serve" and ray:
+        raise LinnetError(f"--num-processes runs one model across processes, {' and '.join(ray)} replicas of it "
+                          "through Ray Serve; give one or the other")
     if args.backend != "xla:jax":
         raise LinnetError(f"--num-processes runs xla:jax across processes; give --backend xla:jax, not "
                           f"{args.backend or 'the default backend'}")

@@ -4,6 +4,7 @@ client."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from linnet.bench.serving import PROFILES, ServingProfile, format_serving, serving_results
@@ -25,12 +26,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="linnet:BACKEND, ray:BACKEND (linnet serve --replicas through Ray Serve), "
                              "triton:BACKEND (tritonserver hosting linnet.serve), transformers or vllm (repeatable; "
                              "default: linnet serve's own default backend); +json after a linnet or ray server "
-                             "(linnet:onnx:cpu+json) constrains every request by a JSON schema; the peers need MODEL "
-                             "as a Hugging Face directory (`linnet export hf`)")
+                             "(linnet:onnx:cpu+json) constrains every request by a JSON schema; +round-robin after a "
+                             "ray server routes its replicas' requests in turn, not by prompt prefix; the peers need "
+                             "MODEL as a Hugging Face directory (`linnet export hf`)")
     parser.add_argument("--profile", choices=tuple(PROFILES),
                         help="; ".join(f"{p.name}: {p.describe()}" for p in PROFILES.values()))
     parser.add_argument("--requests", type=whole(1), help="requests in all (default: the profile's)")
-    parser.add_argument("--prompt-tokens", metavar="MIN-MAX", help="prompt lengths, e.g. 128-512")
+    parser.add_argument("--prompt-tokens", metavar="MIN-MAX",
+                        help="prompt lengths, e.g. 128-512 (cpu-turns: a conversation's opening)")
     parser.add_argument("--new-tokens", type=whole(1), help="tokens each request returns")
     parser.add_argument("--concurrency", type=whole(1), help="requests in flight at most, and the servers' rows")
     parser.add_argument("--dtype", default="f32", choices=tuple(DTYPES))
@@ -61,9 +64,10 @@ def profile_of(args: argparse.Namespace) -> ServingProfile:
         if not 1 <= low <= high:
             raise LinnetError(f"--prompt-tokens: need 1 <= MIN <= MAX, got {args.prompt_tokens!r}")
     changed = any(v is not None for v in (args.requests, args.prompt_tokens, args.new_tokens, args.concurrency))
-    return ServingProfile(f"{base.name}, changed" if changed else base.name, args.requests or base.requests,
-                          low, high, args.new_tokens or base.new_tokens, args.concurrency or base.concurrency,
-                          min(base.shared, low))
+    return replace(base, name=f"{base.name}, changed" if changed else base.name,  # keeps its turns
+                   requests=args.requests or base.requests, prompt_min=low, prompt_max=high,
+                   new_tokens=args.new_tokens or base.new_tokens, concurrency=args.concurrency or base.concurrency,
+                   shared=min(base.shared, low))
 
 
 def handle(args: argparse.Namespace) -> int:

@@ -6,15 +6,23 @@ import asyncio
 import os
 import socket
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from linnet.backends.runner import Runner
 from linnet.commands._cache import check_cache_memory, check_positions
 from linnet.commands._checks import port, size, text, whole
-from linnet.commands._common import add_model_argument, add_runner_arguments, make_runner, onnx_when_fastest
+from linnet.commands._common import (
+    add_model_argument,
+    add_runner_arguments,
+    check_process_arguments,
+    make_runner,
+    onnx_when_fastest,
+)
 from linnet.errors import LinnetError
 from linnet.loaded_model import LoadedModel
 from linnet.model import open_model
 from linnet.serve.engine import STEP_PROMPT_TOKENS, Engine
+from linnet.serve.lockstep import LeaderRunner, follow_calls
 from linnet.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -52,6 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     ray.add_argument("--min-replicas", type=whole(1), metavar="N",
                      help="autoscale on queue length, from this many replicas ...")
     ray.add_argument("--max-replicas", type=whole(1), metavar="N", help="... to this many")
+    ray.add_argument("--router", choices=("prefix", "round-robin"),
+                     help="send a request to the replica holding its prompt's prefix (prefix, the default), or to "
+                     "the replicas in turn (round-robin)")
     parser.set_defaults(func=handle, backend=None)  # None: default_backend()
 
 
@@ -68,7 +79,10 @@ def handle(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as e:
         raise LinnetError(f"linnet serve needs {e.name}: pip install 'linnet[serve]'") from None
 
-    if args.replicas or args.min_replicas or args.max_replicas or args.ray_address:
+    check_process_arguments(args)
+    if args.num_processes > 1 and args.process_id:  # no server here: process 0's calls, made again
+        return follow(args)
+    if args.replicas or args.min_replicas or args.max_replicas or args.ray_address or args.router:
         from linnet.ray.launch import serve_with_ray
 
         return serve_with_ray(args)
@@ -101,9 +115,16 @@ def build_engine(model: LoadedModel, args: argparse.Namespace) -> Engine:
 
     thread = ModelThread()  # the runner is built, warmed up and stepped on one thread (linnet.serve.model_thread)
     runner = thread.run(make_runner, model, args, args.positions, rows=args.rows)
+    if getattr(args, "num_processes", 1) > 1:  # process 0 of several: each call the engine makes, every process makes
+        runner = cast(Runner, thread.run(lead, runner))
     engine = Engine(runner, model.tokenizer, max_queue=args.max_queue, prefill_tokens=args.prefill_tokens,
                     thread=thread, prefix_cache=args.prefix_cache)
-    engine.warm_up()
+    try:
+        engine.warm_up()
+    except BaseException:
+        if isinstance(runner, LeaderRunner):  # the load fails, and the server with it: the followers end too
+            runner.stop_followers()
+        raise
     return engine
 
 
@@ -136,12 +157,40 @@ def serve(model: LoadedModel, name: str, args: argparse.Namespace, listener: soc
 
     app = LoadingApp(load, on_failure=failed)
     server = DrainingServer(uvicorn.Config(app, log_level="warning"), args.drain_timeout, stop_generating)
-    server.run(sockets=[listener])
+    try:
+        server.run(sockets=[listener])
+    finally:  # the engine has stopped (or never started): no call follows
+        for engine in engines:
+            if isinstance(engine.runner, LeaderRunner):
+                engine.runner.stop_followers()
     if app.error is not None:
         if isinstance(app.error, LinnetError):
             raise app.error
         raise LinnetError(f"loading the model failed: {type(app.error).__name__}: {app.error}") from app.error
     print(f"linnet serve: stopped ({server.stopped_by or 'the server ended'})", file=sys.stderr, flush=True)
+    return 0
+
+
+def lead(runner: Runner) -> LeaderRunner:
+    """Process 0's runner, its calls sent to the other processes (``linnet.serve.lockstep``)."""
+    from linnet.backends.xla.channel import CoordinatorChannel
+
+    return LeaderRunner(runner, CoordinatorChannel())
+
+
+def follow(args: argparse.Namespace) -> int:
+    """Process I > 0 of ``--num-processes``: build the same runner, then make process 0's calls on it until
+    process 0 stops; no port is opened here."""
+    from linnet.backends.xla.channel import CoordinatorChannel
+
+    runner = make_runner(open_checked(args), args, args.positions, rows=args.rows)
+    label = f"linnet serve: process {args.process_id} of {args.num_processes}"
+    print(f"{label} follows process 0", file=sys.stderr, flush=True)
+    try:
+        follow_calls(runner, CoordinatorChannel(), label)
+    except LinnetError as e:
+        raise LinnetError(f"{label}: {e}") from None
+    print(f"{label}: stopped (process 0 stopped)", file=sys.stderr, flush=True)
     return 0
 
 

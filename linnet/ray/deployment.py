@@ -1,5 +1,5 @@
 """The Ray Serve application: an ingress that reads each request and hands it to a replica of ``linnet
-serve``'s engine, chosen by the prefix-aware router.
+serve``'s engine, chosen by the prefix-aware router (or, with ``--router round-robin``, in turn).
 
 Two deployments, as Ray's own LLM apps have: the router decides from a request's prompt, and Ray's HTTP
 proxy does not read bodies, so a light ingress (no CPU reserved) reads the body, takes the prompt's text
@@ -33,6 +33,10 @@ from linnet.serve.protocol import error_body
 log = logging.getLogger("linnet.ray")
 CHARS_PER_TOKEN = 4  # for sizing the router's record of a replica like its cache: English text, roughly
 ATTEMPTS = 2  # a request whose replica dies before answering is tried once more, on another
+# --router's choices: the RequestRouter classes of linnet.ray.request_router
+ROUTERS = {"prefix": "linnet.ray.request_router.PrefixAwareRouter",
+           "round-robin": "linnet.ray.request_router.RoundRobinRouter"}
+DEFAULT_ROUTER = "prefix"
 
 
 # as linnet serve's uvicorn: warnings and errors, no line per request
@@ -139,7 +143,6 @@ def build(args: argparse.Namespace, autoscaling: Mapping[str, Any] | None = None
     ``autoscaling`` adds to Ray's autoscaling config (its delays, say) where ``--min-replicas`` is given."""
     check_scaling(args)
     options = {k: v for k, v in vars(args).items() if k != "func"}
-    record_blocks = max(1, args.rows * args.positions * CHARS_PER_TOKEN // BLOCK_CHARS)
     deployment: dict[str, Any] = {
         # two rows' worth per replica: the engine has a request waiting when a row frees; past that, Ray
         # holds requests at the router, which can still send them to another replica
@@ -147,9 +150,7 @@ def build(args: argparse.Namespace, autoscaling: Mapping[str, Any] | None = None
         "ray_actor_options": {"num_cpus": args.threads or 1},
         "graceful_shutdown_timeout_s": args.drain_timeout,
         "logging_config": QUIET,
-        "request_router_config": RequestRouterConfig(
-            request_router_class="linnet.ray.request_router.PrefixAwareRouter",  # type: ignore[arg-type]
-            request_router_kwargs={"record_blocks": record_blocks}),
+        "request_router_config": router_config(args),
     }
     if args.min_replicas is not None:
         deployment["autoscaling_config"] = {"min_replicas": args.min_replicas, "max_replicas": args.max_replicas,
@@ -159,6 +160,19 @@ def build(args: argparse.Namespace, autoscaling: Mapping[str, Any] | None = None
         deployment["num_replicas"] = args.replicas or 1
     replicas = serve.deployment(name="LinnetReplica", **deployment)(LinnetReplica).bind(options)
     return LinnetIngress.bind(replicas, args.max_body)  # type: ignore[attr-defined]
+
+
+def router_config(args: argparse.Namespace) -> RequestRouterConfig:
+    """The request router ``--router`` names (``None``: the prefix-aware one); the prefix-aware router's
+    record of each replica sized like the replica's cache rows."""
+    name = args.router or DEFAULT_ROUTER
+    if name not in ROUTERS:
+        raise LinnetError(f"--router {name!r} is not a router (known: {', '.join(ROUTERS)})")
+    kwargs = {}
+    if name == "prefix":
+        kwargs["record_blocks"] = max(1, args.rows * args.positions * CHARS_PER_TOKEN // BLOCK_CHARS)
+    return RequestRouterConfig(request_router_class=ROUTERS[name],  # type: ignore[arg-type]
+                               request_router_kwargs=kwargs)
 
 
 def check_scaling(args: argparse.Namespace) -> None:

@@ -16,10 +16,10 @@ def serve_with_ray(args: argparse.Namespace) -> int:
         import ray
         from ray import serve
 
-        from linnet.ray.deployment import build, check_scaling
+        from linnet.ray.deployment import DEFAULT_ROUTER, build, check_scaling
     except ModuleNotFoundError as e:
-        raise LinnetError(f"--replicas, --ray-address and autoscaling need Ray Serve ({e.name} is not installed): "
-                          "pip install 'linnet[ray]'") from None
+        raise LinnetError(f"--replicas, --ray-address, --router and autoscaling need Ray Serve ({e.name} is not "
+                          "installed): pip install 'linnet[ray]'") from None
     check_scaling(args)  # before Ray starts: a mistake in the flags fails in a moment
     if args.ray_address is None:  # the replicas run here, so the model must open here (a cluster's may not)
         from linnet.model import open_model
@@ -38,7 +38,8 @@ def serve_with_ray(args: argparse.Namespace) -> int:
         scale = (f"{args.min_replicas}..{args.max_replicas} replicas" if args.min_replicas is not None
                  else f"{args.replicas or 1} replicas")
         print(f"linnet serve: {args.name or args.model} on Ray Serve, {scale} of {args.rows} rows x "
-              f"{args.positions} positions; http://{host}:{args.port}/v1", file=sys.stderr, flush=True)
+              f"{args.positions} positions, {args.router or DEFAULT_ROUTER} routing; http://{host}:{args.port}/v1",
+              file=sys.stderr, flush=True)
         stopped_by = wait_for_signal()
         serve.delete(APP_NAME)
     finally:

@@ -1,8 +1,11 @@
-"""The Ray Serve adapter of ``linnet.ray.router``: a ``RequestRouter`` for the replica deployment.
+"""The Ray Serve adapters of ``linnet.ray.router``: the replica deployment's ``RequestRouter`` classes.
 
-It runs in the process that calls the replicas (the ingress), sees each request's ``Forwarded`` (its
-prompt's text) and ranks the replicas with ``router.choose``; Ray then takes the first with room
-(``max_ongoing_requests``), trying the next ranks when it has none. What it routes, it records.
+They run in the process that calls the replicas (the ingress). ``PrefixAwareRouter`` sees each request's
+``Forwarded`` (its prompt's text) and ranks the replicas with ``router.choose``; what it routes, it
+records. ``RoundRobinRouter`` ignores the prompt and takes the replicas in turn (``router.round_robin``):
+the baseline prefix-aware routing is measured against. With either, Ray takes the first ranked replica with
+room (``max_ongoing_requests``), trying the next ranks when it has none, and backs off before trying
+again once every replica is full.
 """
 from __future__ import annotations
 
@@ -10,7 +13,16 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from linnet.ray.router import BLOCK_CHARS, BUSY_MARGIN, MAX_BLOCKS, RECORD_BLOCKS, PrefixRecord, choose, prefix_blocks
+from linnet.ray.router import (
+    BLOCK_CHARS,
+    BUSY_MARGIN,
+    MAX_BLOCKS,
+    RECORD_BLOCKS,
+    PrefixRecord,
+    choose,
+    prefix_blocks,
+    round_robin,
+)
 
 
 class PrefixAwareRouter(RequestRouter):
@@ -26,6 +38,7 @@ class PrefixAwareRouter(RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        back_off_when_all_full(pending_request)
         loads = await self._queue_lengths(candidate_replicas)
         if not loads:  # none answered: let Ray probe them all, as its own routers do
             return [candidate_replicas]
@@ -64,3 +77,23 @@ class PrefixAwareRouter(RequestRouter):
         super().update_replicas(replicas)
         for gone in set(self._records) - {r.replica_id for r in replicas}:
             del self._records[gone]
+
+
+class RoundRobinRouter(RequestRouter):
+    def initialize_state(self, **_: Any) -> None:
+        self._turn = 0
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        back_off_when_all_full(pending_request)
+        # a turn per choice, not per routed request: requests routed at once would otherwise share a turn
+        order = round_robin(candidate_replicas, self._turn)
+        self._turn += 1
+        return [[replica] for replica in order]  # one a rank: a full replica's request goes to the next in turn
+
+
+def back_off_when_all_full(pending_request: PendingRequest | None) -> None:
+    """Have Ray wait (its backoff) before asking again when no ranked replica had room; without it Ray asks
+    again at once, probing the full replicas' queues in a loop on the CPUs the replicas compute on."""
+    if pending_request is not None:
+        pending_request.routing_context.should_backoff = True

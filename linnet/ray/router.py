@@ -8,7 +8,9 @@ prompt blocks it sent there (a bounded, least-recently-used record), as vLLM's a
 Hashes are chained (block i's hash covers blocks 0..i), so a record holding block i's hash held the whole
 prefix up to it, and a match is a count of leading blocks.
 
-The Ray Serve adapter (``linnet.ray.request_router``) feeds these from Ray's queue-length cache; the
+``round_robin`` is the baseline it is measured against: the replicas in turn, whatever the prompt.
+
+The Ray Serve adapters (``linnet.ray.request_router``) feed these from Ray's queue-length cache; the
 simulation (``linnet.ray.simulate``) feeds them from its own model of replicas. Nothing here imports Ray.
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, TypeVar
 from linnet.errors import LinnetError
 
 K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
 
 BLOCK_CHARS = 64  # about 16 tokens of English: short enough that a shared system prompt spans several blocks
 MAX_BLOCKS = 256  # 16k characters: past that, a longer match cannot change which replica is best
@@ -103,6 +106,15 @@ def choose(blocks: Sequence[bytes], loads: Mapping[K, int], records: Mapping[K, 
 
     matches = {replica: match(replica) for replica in loads}
     return sorted(loads, key=lambda r: (-matches[r], loads[r], tie(r)))
+
+
+def round_robin(replicas: Sequence[T], turn: int) -> list[T]:
+    """``replicas`` in the order turn ``turn`` tries them: from the one at ``turn`` (modulo their count)
+    on, wrapping around, so that successive turns start at successive replicas."""
+    if not replicas:
+        return []
+    start = turn % len(replicas)
+    return [*replicas[start:], *replicas[:start]]
 
 
 def prompt_text(body: Any) -> str:

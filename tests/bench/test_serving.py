@@ -17,13 +17,18 @@ from linnet.bench.serving import (
     PROFILES,
     Prompts,
     ServingProfile,
+    random_load,
     random_prompts,
     run_server,
+    same_run_baseline,
     serving_results,
     serving_rows,
 )
 from linnet.bench.serving_client import OPENAI, TRITON, read_chunk
 from linnet.bench.serving_servers import NotRunnable, make_server, server_ids, vllm_kv_cache_bytes
+from linnet.cli import build_parser
+from linnet.commands.bench_serve import profile_of
+from linnet.errors import LinnetError
 from linnet.model import open_model, open_spec
 from linnet.results import load_results, save_results
 from linnet.site.render import render_site
@@ -59,6 +64,75 @@ def test_the_chat_profile_shares_a_system_prompt():
     assert random_prompts(331, chat, seed=1)[0][:8] != prompts[0][:8]  # the warm-up's system prompt differs
 
 
+def conversations_of(follows: list[int | None]) -> list[list[int]]:
+    """The load's requests (indices) grouped by conversation, each in its turns' order."""
+    chains: list[list[int]] = []
+    chain_of: dict[int, list[int]] = {}
+    for i, previous in enumerate(follows):
+        chain = chain_of[previous] if previous is not None else []
+        if previous is None:
+            chains.append(chain)
+        assert previous is None or chain[-1] == previous  # a turn follows its conversation's latest turn
+        chain.append(i)
+        chain_of[i] = chain
+    return chains
+
+
+def test_the_turns_profile_is_conversations_that_grow_turn_by_turn():
+    turns = PROFILES["cpu-turns"]
+    assert turns.describe() == (
+        "64 requests in 16 conversations of 4 turns, sent turn by turn: each opens with 512-768 prompt tokens of its "
+        "own, and a later turn's prompt is the previous one's and 64-128 more (up to 1152); 64 new tokens, at most "
+        "16 in flight")
+    assert (turns.positions, turns.serving().prompt_tokens_max) == (1152 + 64, 1152)  # cpu-chat's
+    vocab = 49152  # SmolLM2's
+    prompts, follows = random_load(vocab, turns)
+    assert len(prompts) == len(follows) == 64
+    conversations = conversations_of(follows)
+    assert len(conversations) == 16 and all(len(c) == 4 for c in conversations)
+    for chain in conversations:
+        assert 512 <= len(prompts[chain[0]]) <= 768
+        for before, after in zip(chain, chain[1:]):  # each turn extends the previous one exactly
+            assert prompts[after][:len(prompts[before])] == prompts[before]
+            assert 64 <= len(prompts[after]) - len(prompts[before]) <= 128
+    assert len({prompts[c[0]][0] for c in conversations}) == 16  # conversations differ from their first token
+    # turn-major: requests 16k..16k+15 are every conversation's turn k
+    turn_of = {i: k for chain in conversations for k, i in enumerate(chain)}
+    assert [turn_of[i] for i in range(64)] == [i // 16 for i in range(64)]
+    # shuffled within a turn: the conversations' places (and so their parity) change from turn to turn
+    places = [[chain[k] - 16 * k for chain in conversations] for k in range(4)]
+    assert all(a != b for a, b in zip(places, places[1:]))
+    assert all(any(a % 2 != b % 2 for a, b in zip(x, y)) for x, y in zip(places, places[1:]))
+    assert random_load(vocab, turns) == (prompts, follows)  # the same seed, the same load
+    assert random_prompts(vocab, turns) == prompts
+    other, _ = random_load(vocab, turns, seed=1)  # the warm-up's draw shares no prefix with the load
+    assert {p[0] for p in prompts}.isdisjoint({other[0][0]})
+
+
+def test_a_profile_of_turns_is_whole_conversations_and_keeps_its_turns_when_changed():
+    with pytest.raises(LinnetError, match="10 requests are not whole conversations of 4 turns: --requests must be "
+                                          "a multiple of 4"):
+        ServingProfile("x", 10, 8, 16, 4, 2, turns=4, turn_tokens=(2, 4))
+    with pytest.raises(LinnetError, match=r"turn_tokens needs 1 <= least <= most, got \(0, 0\)"):
+        ServingProfile("x", 8, 8, 16, 4, 2, turns=4)
+    with pytest.raises(LinnetError, match="turns must be at least 1, got 0"):
+        ServingProfile("x", 8, 8, 16, 4, 2, turns=0)
+    parser = build_parser()
+    changed = profile_of(parser.parse_args(["bench-serve", "m", "--profile", "cpu-turns", "--requests", "8",
+                                            "--prompt-tokens", "16-32", "--concurrency", "2"]))
+    assert (changed.name, changed.turns, changed.turn_tokens, changed.conversations) == \
+        ("cpu-turns, changed", 4, (64, 128), 2)
+    assert (changed.prompt_min, changed.longest_prompt, changed.concurrency) == (16, 32 + 3 * 128, 2)
+    with pytest.raises(LinnetError, match="--requests must be a multiple of 4"):
+        profile_of(parser.parse_args(["bench-serve", "m", "--profile", "cpu-turns", "--requests", "6"]))
+    assert profile_of(parser.parse_args(["bench-serve", "m", "--profile", "cpu-chat"])) == PROFILES["cpu-chat"]
+
+
+def test_a_load_of_one_turn_follows_nothing():
+    prompts, follows = random_load(331, TINY)
+    assert prompts == random_prompts(331, TINY) and follows == [None] * TINY.requests
+
+
 def test_the_warm_up_shares_no_prefix_with_the_load(checkpoint_dir):
     """A server that caches prefixes (vLLM) must not find a load prompt in its cache from the warm-up."""
     loaded = open_model(str(checkpoint_dir(CASE)))
@@ -71,6 +145,34 @@ def test_the_warm_up_shares_no_prefix_with_the_load(checkpoint_dir):
     warm_up_text, texts = prompts.sent(False)
     assert warm_up_text == tokenizer.decode(prompts.warm_up_ids, skip_special_tokens=False)
     assert texts == [tokenizer.decode(p, skip_special_tokens=False) for p in prompts.ids]
+
+
+def test_the_prompts_of_a_turns_load_carry_what_each_request_follows(checkpoint_dir):
+    loaded = open_model(str(checkpoint_dir(CASE)))
+    chats = ServingProfile("chats", requests=6, prompt_min=4, prompt_max=8, new_tokens=3, concurrency=3, turns=2,
+                           turn_tokens=(2, 4))
+    prompts = Prompts.draw(loaded.tokenizer, loaded.spec.vocab_size, chats)
+    assert (prompts.ids, prompts.follows) == random_load(loaded.spec.vocab_size, chats)
+    assert prompts.follows[:3] == [None] * 3 and sorted(prompts.follows[3:]) == [0, 1, 2]
+    assert all(p[:2] != prompts.warm_up_ids[:2] for p in prompts.ids)
+
+
+def test_linnet_serve_finds_each_conversations_previous_turn_in_its_cache(checkpoint_dir):
+    """Through the real server: a turn is sent once its previous turn has been answered, so the row that
+    answered it is free again and holds that prompt (the answers are long enough that a conversation's first
+    turn is still running when the other's arrives, so neither takes the other's row)."""
+    model = str(checkpoint_dir(CASE))
+    loaded = open_model(model)
+    chats = ServingProfile("chats", requests=6, prompt_min=8, prompt_max=12, new_tokens=20, concurrency=2, turns=3,
+                           turn_tokens=(3, 6))
+    prompts = Prompts.draw(loaded.tokenizer, loaded.spec.vocab_size, chats)
+    run = run_server(SERVER, model, None, chats, "f32", 1, prompts, io.StringIO())
+    for timing, prompt, previous in zip(run.load.timings, prompts.ids, prompts.follows):
+        assert timing.prompt_tokens == len(prompt)
+        if previous is None:
+            assert timing.cached_tokens == 0
+        else:  # at least the previous turn's prompt (its answer's first tokens may match the new ones by chance)
+            assert len(prompts.ids[previous]) <= timing.cached_tokens < len(prompt)
 
 
 def test_a_token_with_no_text_yet_is_still_its_first_token():
@@ -137,7 +239,7 @@ def test_a_server_that_cannot_start_is_a_not_run_row(checkpoint_dir):
     assert failed.id == "serve:reference:numpy" and not failed.metrics
     assert failed.not_run.startswith("failed to start (exit 2)") and "--positions 300" in failed.not_run
     assert unknown.not_run == ("unknown server 'bogus' (known: linnet:BACKEND, ray:BACKEND, triton:BACKEND, "
-                               "transformers, vllm; +json after a linnet or ray one)")
+                               "transformers, vllm; +json after a linnet or ray one, +round-robin after a ray one)")
 
 
 def test_a_json_schema_row_returns_every_token_and_is_compared_with_the_same_server(checkpoint_dir):
@@ -184,16 +286,52 @@ def test_json_and_ray_servers_are_refused_by_name_where_they_cannot_run(checkpoi
     assert row.not_run.endswith("pip install 'linnet[ray]'")
 
 
+def test_a_round_robin_ray_server_is_a_row_of_its_own_beside_the_prefix_aware_one():
+    row_id, name, linnet = server_ids("ray:reference:numpy+round-robin", 2)
+    assert (row_id, linnet) == ("round-robin:ray:serve:reference:numpy", True)
+    assert name.startswith("linnet.serve on Ray Serve (2 replicas, round-robin), ")
+    assert server_ids("ray:reference:numpy", 2)[0] == "ray:serve:reference:numpy"  # prefix-aware: as before
+    both = {server_ids(spec, 2)[0] for spec in ("ray:reference:numpy+round-robin+json",
+                                                  "ray:reference:numpy+json+round-robin")}
+    assert both == {"json-schema:round-robin:ray:serve:reference:numpy"}
+    # each compared in the same run: round-robin with prefix-aware, constrained with unconstrained
+    assert same_run_baseline("round-robin:ray:serve:onnx:cpu") == "ray:serve:onnx:cpu"
+    assert same_run_baseline("json-schema:round-robin:ray:serve:onnx:cpu") == "round-robin:ray:serve:onnx:cpu"
+    for spec, message in (("linnet:reference:numpy+round-robin", "round-robin routing .* ray:BACKEND servers only"),
+                          ("vllm+round-robin", "round-robin routing .* ray:BACKEND servers only"),
+                          ("ray:reference:numpy+random", r"unknown suffix '\+random' \(known: \+json, \+round-robin\)"),
+                          ("ray:reference:numpy+round-robin+round-robin", "a suffix given twice")):
+        with pytest.raises(NotRunnable, match=message):
+            server_ids(spec)
+    if importlib.util.find_spec("ray") is not None:
+        robin = make_server("ray:reference:numpy+round-robin", "m", None, 1, 16, 1, 1, 1, "f32", 2, replicas=2)
+        prefix = make_server("ray:reference:numpy", "m", None, 1, 16, 1, 1, 1, "f32", 2, replicas=2)
+        for server, router, routed in ((robin, "round-robin", "routed in turn (round-robin)"),
+                                       (prefix, "prefix", "routed by prompt prefix")):
+            flags = " ".join(server.command)
+            assert "--replicas 2 --router " + router in flags and "--threads 1" in flags
+            assert any(routed in note for note in server.notes), server.notes
+
+
 @pytest.mark.slow  # Ray takes 10-20 s to start
 def test_ray_serve_with_one_replica_is_compared_with_linnet_serve_alone(checkpoint_dir):
     pytest.importorskip("ray.serve")
-    plain, ray = serving_rows(str(checkpoint_dir(CASE)), [SERVER, "ray:reference:numpy"], TINY, "f32", 1,
-                              io.StringIO())
+    plain, ray, robin = serving_rows(str(checkpoint_dir(CASE)),
+                                     [SERVER, "ray:reference:numpy", "ray:reference:numpy+round-robin"], TINY,
+                                     "f32", 1, io.StringIO())
     assert ray.not_run is None, ray.not_run
     assert ray.id == "ray:serve:reference:numpy" and "(1 replica)" in ray.name
     assert "30 tokens returned (6 x 5)" in ray.notes and "1 replica of 1 thread each" in " ".join(ray.notes)
     assert ray.against.row == plain.id == "serve:reference:numpy"
     assert ray.value("peak_mem_gib") > plain.value("peak_mem_gib")  # Ray's own processes are counted too
+    # the round-robin router's row beside it, compared with it; both say what they computed of the prompts
+    assert robin.not_run is None, robin.not_run
+    assert robin.id == "round-robin:ray:serve:reference:numpy" and "(1 replica, round-robin)" in robin.name
+    assert "30 tokens returned (6 x 5)" in robin.notes and "routed in turn" in " ".join(robin.notes)
+    assert robin.against.row == ray.id
+    for row in (ray, robin):
+        recomputed, = [n for n in row.notes if n.startswith("prompt tokens recomputed (not found cached): ")]
+        assert re.fullmatch(r".*: \d+ of \d+ \(\d+%\)", recomputed), recomputed
 
 
 def test_vllms_kv_cache_is_sized_by_the_load(checkpoint_dir):

@@ -210,6 +210,21 @@ def test_autoscaling_from_one_replica_to_two_under_load_and_back(endpoint, model
     serve.delete("scaling")
 
 
+def test_round_robin_routing_sends_one_prompt_to_both_replicas_in_turn(endpoint, model_path):
+    """Another application on the same cluster, with ``router=round-robin``: the same prompt again and again,
+    which the prefix-aware router keeps on one replica, goes to the two replicas in turn."""
+    args = serve_options({"model": model_path, **SETTINGS, "replicas": 2, "router": "round-robin"})
+    serve.run(build(args), name="robin", route_prefix="/robin")
+    try:
+        served = [completion(endpoint + "/robin", model_path, WORDS * 3).headers["x-linnet-replica"]
+                  for _ in range(8)]
+        # in turn: strictly alternating, unless Ray's probe of a replica's queue timed out on a busy machine
+        # and the request took the next turn
+        assert len(set(served)) == 2 and min(served.count(r) for r in set(served)) >= 3, served
+    finally:
+        serve.delete("robin")
+
+
 def wait_for(condition: Callable[[], bool], failure: str, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

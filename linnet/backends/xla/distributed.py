@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 
+from linnet.backends.xla.lost_process import one_line_when_lost
 from linnet.errors import LinnetError
 
 DEFAULT_TIMEOUT_S = 300  # jax.distributed's own default for every process to connect
@@ -51,6 +52,12 @@ def join(num_processes: int, process_id: int, coordinator: str | None, timeout_s
                               f"{state.process_id} at {state.coordinator_address}")
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # jax's preemption service catches SIGTERM in C++ (to checkpoint training jobs), so `linnet serve`'s
+    # own handler never saw it and a SIGTERM'd process 0 neither drained nor stopped; Linnet uses none of it
+    jax.config.update("jax_enable_preemption_service", False)
+    one_line_when_lost(f"linnet: error: --num-processes {num_processes}: process {process_id} lost the others: a "
+                       f"process of the job, or process 0 (the coordinator at {coordinator}), stopped answering; this "
+                       "process ends with it")
     _native_stdout_to_stderr()
     # When a process never arrives, jax's client aborts the whole process (a C++ check failure, SIGABRT,
     # and a stack trace), which no Python handler can catch; a timer of ours fires first and exits with

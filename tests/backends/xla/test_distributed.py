@@ -2,7 +2,6 @@
 tokens of one process's ``linnet run``, every process drawing the same ones; and the flags refused by name."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -13,8 +12,6 @@ from pathlib import Path
 import pytest
 
 from linnet.cli import main
-from linnet.commands._common import check_process_arguments
-from linnet.errors import LinnetError
 
 SAMPLED = ["--temperature", "1", "--top-k", "20", "--seed", "3"]
 
@@ -167,10 +164,3 @@ def test_a_coordinator_that_is_not_host_and_port_is_refused_by_name(capsys, addr
         main(["run", "--backend", "xla:jax", "--prompt", "hi", "--coordinator", address])
     assert exit.value.code == 2
     assert "argument --coordinator:" in capsys.readouterr().err
-
-
-def test_serve_refuses_several_processes_by_name():
-    args = argparse.Namespace(command="serve", num_processes=2, process_id=0, coordinator="127.0.0.1:1",
-                              backend="xla:jax", devices=1)
-    with pytest.raises(LinnetError, match=r"^linnet serve runs in one process; --num-processes is for linnet run"):
-        check_process_arguments(args)
