@@ -12,6 +12,8 @@ padded to one of ``decode_sizes()`` (padding rows write a scratch position past 
 which no real query reads), and prefill runs in chunks of at most ``prefill_chunk`` tokens, so compiled
 backends compile a handful of shapes, once each (``warm_up`` compiles them all).
 Position ``p`` of a row is always written before any query reads it, so ``reset`` needs no clearing.
+``copy_row`` gives a row another's cache (``Prefill.forks`` does so inside a step: ``n`` choices of one
+prompt read it once, then each draws its own first token from the same logits).
 Sliding layers keep rings of their window and the prefill chunk (``linnet.program.rings``), sized when
 the runner is made: ``prefill_chunk`` may shrink later, never grow past that.
 """
@@ -64,6 +66,9 @@ class Prefill:
     # report each token's logprob under the logits before it and this many top alternatives (0..20): the
     # chunk is read alone with every position's logits on the host, and its drawn token is drawn there
     prompt_logprobs: int | None = None
+    # rows that take this row's cache once the chunk is read (``Runner.copy_row``) and draw their own first
+    # token from its logits, each with its own sampling and control: one prompt read for several choices
+    forks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -202,11 +207,14 @@ class Runner(ABC):
         sampling = sampling or {}
         controls = controls or {}
         entries: list[Prefill | Decode] = [*prefill, *decode]
-        rows = [e.row for e in entries]
+        forks = {f: p for p in prefill for f in p.forks}
+        rows = [e.row for e in entries] + [f for p in prefill for f in p.forks]
         for row in rows:
             self._check_row(row)
         if len(set(rows)) != len(rows):
             raise LinnetError(f"a row may appear once per step, got rows {rows}")
+        if any(p.forks and not p.sample for p in prefill):
+            raise LinnetError("only a prompt's last chunk, which draws a token, can be forked")
         results: dict[int, RowResult] = {}
         ready_prefill: list[Prefill] = []
         ready_decode: list[Decode] = []
@@ -223,6 +231,8 @@ class Runner(ABC):
             except (CacheFull, TokenError) as e:
                 status = CACHE_FULL if isinstance(e, CacheFull) else BAD_TOKENS
                 results[entry.row] = RowResult(entry.row, status, message=str(e))
+        for fork, p in forks.items():  # a fork fares as the chunk it copies
+            results[fork] = RowResult(fork, results[p.row].status, message=results[p.row].message)
 
         picks: list[tuple[int, Any, int]] = []  # (row, logits array [R, 1, vocab], its index in R)
         on_host: dict[int, np.ndarray] = {}  # row -> the logits [vocab] it draws from, already on the host
@@ -238,6 +248,10 @@ class Runner(ABC):
                 self.lengths[p.row] = p.start + len(p.tokens)
                 if p.sample:
                     on_host[p.row] = read
+                for fork in p.forks:  # each its own copy: a control's ``adjust`` writes in place
+                    self.copy_row(p.row, fork, self.lengths[p.row])
+                    on_host[fork] = read.copy()
+                    results[fork].prompt_logprobs = list(results[p.row].prompt_logprobs)
                 continue
             if len(group) == 1:
                 p = group[0]
@@ -249,6 +263,9 @@ class Runner(ABC):
                 self.lengths[p.row] = p.start + len(p.tokens)
                 if p.sample:
                     picks.append((p.row, out, index))
+                for fork in p.forks:  # drawn from the same logits, with the fork's own sampler
+                    self.copy_row(p.row, fork, self.lengths[p.row])
+                    picks.append((fork, out, index))
         if ready_decode:
             out, indices = self._decode_rows({d.row: d.token for d in ready_decode})
             picks += [(d.row, out, indices[d.row]) for d in ready_decode]
@@ -380,6 +397,29 @@ class Runner(ABC):
         self._host_samplers.pop(row, None)
         self._prompt_tail.pop(row, None)
 
+    def copy_row(self, source: int, target: int, length: int) -> None:
+        """Give ``target`` the first ``length`` positions of ``source``'s cache, every layer's keys and values
+        (a sliding layer's ring whole, as it is), as if it had read them itself; its random streams start
+        afresh. ``n`` > 1 reads a prompt once and forks its rows so. ``source`` must still hold those positions
+        (``can_keep``)."""
+        self._check_row(source)
+        self._check_row(target)
+        if source == target:
+            raise LinnetError(f"copy_row needs two rows, got row {source} twice")
+        if length < 1 or not self.can_keep(source, length):
+            raise LinnetError(f"row {source} holds {self.lengths[source]} positions and cannot give its first {length}"
+                              + (": its sliding layers' ring caches no longer hold them"
+                                 if 1 <= length <= self.lengths[source] else ""))
+        self._copy_cache(source, target, length)
+        self.reset(target)
+        self.lengths[target] = length
+
+    def copied_slots(self, slots: int, length: int) -> int:
+        """How many of a layer's cache slots ``copy_row`` copies for ``length`` positions: that many where the
+        layer holds every position (its slots outnumber the cache's positions: they add the scratch one);
+        every slot of a ring, which keeps position p at slot p mod N."""
+        return length if slots > self.cache.positions else slots
+
     def can_keep(self, row: int, keep: int) -> bool:
         """Whether ``row`` can keep its first ``keep`` positions, its next prompt read from there. A ring of N
         slots keeps position p until position p + N is written; the queries from ``keep`` on read back to
@@ -402,6 +442,11 @@ class Runner(ABC):
         """The Program's step (``linnet.program``) on int64 ``tokens``/``positions`` [R, T], ``rows`` [R],
         ``select`` [R, S] (None: every token). Updates the cache; returns the logits [R, S, vocab] f32 as
         the backend's array, on its device."""
+
+    @abstractmethod
+    def _copy_cache(self, source: int, target: int, length: int) -> None:
+        """Copy each layer's keys and values of row ``source`` into row ``target``: the first
+        ``copied_slots(slots, length)`` slots, in place (a compiled step or a bound buffer keeps the cache)."""
 
     def _stack(self, picks: list[tuple[Any, int]]) -> Any:
         """[N, vocab]: row ``index``, selected token 0, of each logits array."""

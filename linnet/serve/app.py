@@ -1,16 +1,18 @@
 """The OpenAI-compatible HTTP API (FastAPI) over an ``Engine``.
 
 The engine thread never waits on HTTP: each request's events go to an ``asyncio.Queue`` of the event loop
-through ``call_soon_threadsafe``. A client that goes away cancels its request, which frees its row.
+through ``call_soon_threadsafe``. A client that goes away cancels its request, which frees its row. A stream
+that fails, in the engine or here, ends with an error chunk and ``[DONE]``, never cut off.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from typing import Any, cast
 
@@ -37,6 +39,8 @@ from linnet.serve.protocol import (
     finish_reason,
 )
 from linnet.serve.tools import ToolPlan, ToolReplies
+
+log = logging.getLogger("linnet.serve")
 
 
 class APIError(Exception):
@@ -173,12 +177,12 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
             raise APIError(400, str(e), param=e.param, code=e.code) from e
 
     async def generate(body: CompletionBody | ChatBody, ids: list[int], responder: Responder, request: Request) -> Any:
-        """Submit the request's choices (``n``, or ``best_of``), each a request of the engine in a row of its own
-        (the prompt tokenised once; prefix caching reuses it where a free row holds it); their events come
-        back as (choice, event)."""
+        """Submit the request's choices (``n``, or ``best_of``), each a request of the engine in a row of its own,
+        the prompt read once (``Engine.submit_choices``: the others fork from the first's row); their events
+        come back as (choice, event)."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-        count, handles = body.choices, []
+        count = body.choices
 
         def deliver(choice: int, event: Event) -> None:  # on the engine's thread
             loop.call_soon_threadsafe(events.put_nowait, (choice, event))
@@ -189,11 +193,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
                 raise RequestError(f"{name} is {count}, but this server runs at most {engine.rows} sequences at once "
                                    "(its cache rows)", name)
             params = [body.request_params(i) for i in range(count)]
-            for i, choice in enumerate(params):
-                handles.append(engine.submit(ids, choice, on_event=partial(deliver, i)))
-        except (RequestError, QueueFull) as e:
-            for handle in handles:
-                handle.cancel()
+            handles = engine.submit_choices(ids, params, [partial(deliver, i) for i in range(count)])
+        except (RequestError, QueueFull) as e:  # nothing was queued
             if isinstance(e, QueueFull):
                 raise APIError(429, str(e), type_="server_busy", code="queue_full") from e
             raise APIError(400, str(e), param=e.param, code=e.code) from e
@@ -243,35 +244,44 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
 
     async def stream(body: GenerationBody, responder: Responder, events: asyncio.Queue[tuple[int, Event]],
                      handles: list[Submitted]) -> AsyncIterator[str]:
-        include_usage, shown = body.include_usage, body.wants_logprobs
-        replies = ToolReplies(body.output_tools)  # content that is tool calls, as tool-call deltas
-        last: dict[int, Event] = {}
         try:
-            if responder.chat:
-                for i in range(len(handles)):
-                    yield sse(responder.chunk(None, role=True, include_usage=include_usage, index=i))
-            while len(last) < len(handles):
-                i, event = await events.get()
-                if event.finish_reason and finish_reason(event) == "error":
-                    yield sse(error_body(event.error or "generation failed", "server_error"))
-                    break
-                # a chunk per token, its text empty while held back (as vLLM's); the echo's logprobs with the first
-                if event.text or event.token_ids or event.prompt_logprobs:
-                    yield sse(replies.chunk(responder.chunk(event.text, include_usage=include_usage, index=i,
-                                                            logprobs=event.logprobs if shown else None,
-                                                            prompt_logprobs=event.prompt_logprobs)))
-                if event.finish_reason:
-                    last[i] = event
-                    for chunk in replies.last(responder.chunk(None, finish_reason(event), include_usage=include_usage,
-                                                              index=i)):
-                        yield sse(chunk)
-            else:
-                if include_usage:
-                    yield sse(responder.usage_chunk([last[i] for i in range(len(handles))]))
-            yield "data: [DONE]\n\n"
+            async with aclosing(stream_chunks(body, responder, events, len(handles))) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        except Exception as e:  # a bug here (a detokeniser, a tool parser): an error chunk, then [DONE]
+            log.exception("a stream failed")
+            yield sse(error_body(f"internal error: {type(e).__name__}", "server_error"))
         finally:  # the client went away (the server cancels this generator), or the stream ended
             for handle in handles:
                 handle.cancel()
+        yield "data: [DONE]\n\n"
+
+    async def stream_chunks(body: GenerationBody, responder: Responder, events: asyncio.Queue[tuple[int, Event]],
+                            count: int) -> AsyncGenerator[str, None]:
+        """The stream's chunks of ``count`` choices, but its ``[DONE]``: an engine error is an error chunk."""
+        include_usage, shown = body.include_usage, body.wants_logprobs
+        replies = ToolReplies(body.output_tools)  # content that is tool calls, as tool-call deltas
+        last: dict[int, Event] = {}
+        if responder.chat:
+            for i in range(count):
+                yield sse(responder.chunk(None, role=True, include_usage=include_usage, index=i))
+        while len(last) < count:
+            i, event = await events.get()
+            if event.finish_reason and finish_reason(event) == "error":
+                yield sse(error_body(event.error or "generation failed", "server_error"))
+                return
+            # a chunk per token, its text empty while held back (as vLLM's); the echo's logprobs with the first
+            if event.text or event.token_ids or event.prompt_logprobs:
+                yield sse(replies.chunk(responder.chunk(event.text, include_usage=include_usage, index=i,
+                                                        logprobs=event.logprobs if shown else None,
+                                                        prompt_logprobs=event.prompt_logprobs)))
+            if event.finish_reason:
+                last[i] = event
+                for chunk in replies.last(responder.chunk(None, finish_reason(event), include_usage=include_usage,
+                                                          index=i)):
+                    yield sse(chunk)
+        if include_usage:
+            yield sse(responder.usage_chunk([last[i] for i in range(count)]))
 
     return app
 

@@ -17,6 +17,13 @@ takes the free row holding the longest prefix of its prompt (``Runner.can_keep``
 ring caches still hold it), reading only the rest; a running row is never shared. One engine runs one
 runner, so nothing is reused across models or dtypes.
 
+Choices of one prompt (``submit_choices``: ``n``, ``best_of``) read it once: the first is admitted as any
+request, and the others wait behind it, holding the queue, until its prompt's last chunk is read. That call
+forks them (``Prefill.forks``): each takes a free row, gets the prompt's cache by ``Runner.copy_row`` and
+draws its own first token from the same logits with its own sampling, then decodes as any row. Choices
+that find no free row then wait as any request, and read the prompt themselves (prefix caching reuses
+what a freed row of their group holds).
+
 Callers on any thread use ``submit`` (validates, then queues or refuses) and ``Request.cancel``; events
 come back through the request's ``on_event`` callback, called on the engine thread (keep it quick: the
 HTTP side hands each event to its event loop with ``call_soon_threadsafe``), or, without a callback,
@@ -32,7 +39,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from linnet.backends.runner import CACHE_FULL, MAX_TOP_LOGPROBS, OK, Control, Decode, Prefill, RowResult, Runner
 from linnet.errors import LinnetError
@@ -134,6 +141,9 @@ class Request:
         self.prompt_ids = prompt_ids
         self.params = params
         self.row: int | None = None  # the cache row it runs in, once admitted
+        # a later choice of one prompt: the first choice, until whose prompt is read it waits to fork from it
+        self.leader: Request | None = None
+        self.followers: list[Request] = []  # a first choice's: the choices waiting to fork from it
         self.submitted = time.perf_counter()
         self.done = False
         self._events: queue.Queue[Event] | None = None
@@ -185,6 +195,7 @@ class _Running:
     logits: RowLogits
     fed: int = 0  # prompt tokens written so far, the cached ones included
     cached: int = 0  # prompt tokens the row held already
+    forked: bool = False  # the row took the prompt's cache from its first choice's row (``Prefill.forks``)
     last: int | None = None  # the last token sampled, fed back in the next step
     sampled: int = 0
     generated: list[int] = field(default_factory=list)  # every token sampled
@@ -259,19 +270,35 @@ class Engine:
     def submit(self, prompt_ids: Sequence[int], params: Params = Params(),
                on_event: Callable[[Event], object] | None = None) -> Request:
         """Queue a request, or raise ``RequestError`` (it cannot run as asked) or ``QueueFull``."""
+        return self.submit_choices(prompt_ids, [params], [on_event])[0]
+
+    def submit_choices(self, prompt_ids: Sequence[int], params: Sequence[Params],
+                       on_events: Sequence[Callable[[Event], object] | None]) -> list[Request]:
+        """Queue a request per ``params`` (and its callback), all of the one prompt, which is read once: the
+        others fork from the first's row once it is read. All are queued, or none (``RequestError``,
+        ``QueueFull``)."""
         prompt_ids = list(prompt_ids)
-        self._check(prompt_ids, params)
-        request = Request(self, prompt_ids, params, on_event)
+        if not params or len(params) != len(on_events):
+            raise LinnetError(f"submit_choices takes a callback per choice: {len(params)} choices, "
+                              f"{len(on_events)} callbacks")
+        for choice in params:
+            self._check(prompt_ids, choice)
+        requests = [Request(self, prompt_ids, choice, on_event) for choice, on_event in zip(params, on_events)]
+        leader, *followers = requests
+        leader.followers = followers
+        for follower in followers:
+            follower.leader = leader
         with self._cond:
             if self._stopping:
                 raise LinnetError("the engine is stopping")
-            if len(self._waiting) >= self.max_queue + len(self._free):  # free rows take theirs next step
+            # free rows take theirs next step
+            if len(self._waiting) + len(requests) > self.max_queue + len(self._free):
                 self.metrics.refuse()
                 raise QueueFull(f"all {self.rows} rows are busy and {len(self._waiting)} requests wait; "
                                 "try again later")
-            self._waiting.append(request)
+            self._waiting.extend(requests)
             self._cond.notify()
-        return request
+        return requests
 
     @property
     def thread(self) -> ModelThread:
@@ -370,9 +397,10 @@ class Engine:
             self._step()
 
     def _admit_waiting(self) -> None:
-        """Give each waiting request a free row, in order of arrival, while there are both."""
+        """Give each waiting request a free row, in order of arrival, while there are both. A choice waiting to
+        fork from its first choice (``submit_choices``) holds the queue: it would have taken a row now."""
         with self._cond:
-            while self._waiting and self._free and not self._stopping:
+            while self._waiting and self._free and not self._stopping and self._waiting[0].leader is None:
                 self._admit(self._waiting.popleft())
 
     def _admit(self, request: Request) -> None:
@@ -381,17 +409,51 @@ class Engine:
             keep = 0  # a cached prefix has no logits to score its tokens with
         self._free.remove(row)
         heapq.heapify(self._free)
+        self.runner.reset(row, keep)
+        self._running[row] = self._run_in(row, request, keep, keep)
+
+    def _run_in(self, row: int, request: Request, fed: int, cached: int, forked: bool = False,
+                prompt_logprobs: Sequence[TokenLogprob] = ()) -> _Running:
+        """The state of ``request`` admitted to ``row``, whose runner row holds (or, forked, will hold) its
+        first ``fed`` prompt tokens."""
         params = request.params
         stops = frozenset(params.stop_ids) | (frozenset() if params.ignore_eos else self.eos_ids)
         stream = TextStream(self.tokenizer, params.stop) if self.tokenizer else None
         max_tokens = params.max_tokens or self.max_tokens_for(len(request.prompt_ids))
         request.row = row
-        self.runner.reset(row, keep)
         self._held[row] = []
         # min_tokens bans what would end the request: EOS (unless ignored) and the stop ids, as vLLM does
         logits = RowLogits(request.prompt_ids, params.penalties, params.logit_bias, params.min_tokens, tuple(stops),
                            params.constraint)
-        self._running[row] = _Running(request, stream, stops, max_tokens, logits, fed=keep, cached=keep)
+        return _Running(request, stream, stops, max_tokens, logits, fed=fed, cached=cached, forked=forked,
+                        prompt_logprobs=list(prompt_logprobs))
+
+    def _fork(self, leader: _Running) -> tuple[int, ...]:
+        """Rows for the choices waiting on ``leader``, whose prompt's last chunk the next call reads, as many
+        as are free; the others are let go to wait as any request. The forks' rows, for ``Prefill.forks``."""
+        rows = []
+        with self._cond:
+            followers, leader.request.followers = leader.request.followers, []
+            for follower in followers:
+                follower.leader = None
+                # a fork's prompt logprobs are its first choice's: only a like request may take them
+                if (follower.done or not self._free or self._stopping
+                        or follower.params.prompt_logprobs != leader.request.params.prompt_logprobs):
+                    continue
+                self._waiting.remove(follower)
+                row = heapq.heappop(self._free)
+                self._running[row] = self._run_in(row, follower, len(follower.prompt_ids), leader.cached, forked=True,
+                                                  prompt_logprobs=leader.prompt_logprobs)
+                rows.append(row)
+        return tuple(rows)
+
+    def _let_go(self, request: Request) -> None:
+        """The choices waiting to fork from ``request``, which ended before its prompt was read, wait as any
+        request."""
+        with self._cond:
+            for follower in request.followers:
+                follower.leader = None
+            request.followers = []
 
     def _pick_row(self, prompt: list[int]) -> tuple[int, int]:
         """The free row that holds the longest prefix of ``prompt`` the runner can keep (``Runner.can_keep``:
@@ -445,11 +507,13 @@ class Engine:
         group = self.runner.prompt_groups(prefill)[0]
         for p in group:
             self._running[p.row].fed += len(p.tokens)
-        return group
+        # the prompt's last chunk: the choices waiting on it fork from it in this call
+        return [replace(p, forks=self._fork(run)) if p.sample and (run := self._running[p.row]).request.followers
+                else p for p in group]
 
     def _call(self, prefill: Sequence[Prefill] = (), decode: Sequence[Decode] = ()) -> int:
         """One runner step over a group of prompt chunks or the decoding rows; how many tokens it sampled."""
-        rows = [p.row for p in prefill if p.sample] + [d.row for d in decode]
+        rows = [p.row for p in prefill if p.sample] + [f for p in prefill for f in p.forks] + [d.row for d in decode]
         sampling = {row: self._running[row].request.params.sampling for row in rows}
         controls = {row: control for row in rows if (control := self._running[row].control()) is not None}
         sampled = 0
@@ -498,6 +562,7 @@ class Engine:
         if request.done:
             return
         request.done = True
+        self._let_go(request)
         row = request.row
         run = self._running.pop(row, None) if row is not None else None
         if row is not None and run is not None:
@@ -513,7 +578,9 @@ class Engine:
             with self._cond:
                 if request in self._waiting:
                     self._waiting.remove(request)
-        self.metrics.finished(reason, run.fed - run.cached if run else 0, run.cached if run else 0)
+        read = run.fed - run.cached if run and not run.forked else 0
+        self.metrics.finished(reason, read, run.cached if run and not run.forked else 0,
+                              run.fed if run and run.forked else 0)
         self._emit(request, Event(text, tokens, reason, len(request.prompt_ids), run.sampled if run else 0, error,
                                   run.cached if run else 0, logprobs, run.take_prompt_logprobs() if run else ()))
 

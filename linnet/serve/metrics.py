@@ -17,6 +17,7 @@ class Metrics:
         self.refused = 0
         self.prompt_tokens = 0
         self.cached_tokens = 0
+        self.forked_tokens = 0
         self.generated_tokens = 0
         self.steps = 0
         self.step_seconds = 0.0
@@ -41,11 +42,12 @@ class Metrics:
                 if seconds <= bound:
                     self.ttft_buckets[i] += 1
 
-    def finished(self, reason: str, prompt_tokens: int, cached_tokens: int = 0) -> None:
+    def finished(self, reason: str, prompt_tokens: int, cached_tokens: int = 0, forked_tokens: int = 0) -> None:
         with self._lock:
             self.requests[reason] += 1
             self.prompt_tokens += prompt_tokens
             self.cached_tokens += cached_tokens
+            self.forked_tokens += forked_tokens
 
     def refuse(self) -> None:
         with self._lock:
@@ -71,6 +73,9 @@ class Metrics:
                 *_metric("linnet_prompt_tokens_total", "counter", "prompt tokens read", self.prompt_tokens),
                 *_metric("linnet_prompt_tokens_cached_total", "counter",
                          "prompt tokens a row held already (prefix caching), not read again", self.cached_tokens),
+                *_metric("linnet_prompt_tokens_forked_total", "counter",
+                         "prompt tokens a row copied from another choice's row (n > 1), not read again",
+                         self.forked_tokens),
                 *_metric("linnet_steps_total", "counter", "batched model steps", self.steps),
                 *_metric("linnet_step_seconds_total", "counter", "time spent in model steps", self.step_seconds),
                 *_metric("linnet_requests_refused_total", "counter", "requests refused: the queue was full",

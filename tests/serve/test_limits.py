@@ -92,7 +92,7 @@ def test_a_server_error_has_the_json_body(checkpoint_dir):
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    engine.submit = broken
+    engine.submit_choices = broken
     with running_server(create_app(engine, NAME)) as url:
         response = httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": "hi"})
         assert response.status_code == 500

@@ -237,6 +237,17 @@ class OnnxRunner(Runner):
             return self._forward_each(tokens, positions, rows, select)
         return self._window(tokens, positions, rows, select)
 
+    def _copy_cache(self, source: int, target: int, length: int) -> None:
+        for cache in self.caches:
+            if isinstance(cache, np.ndarray):  # host arrays, bound as views (GroupQueryAttention)
+                span = self.copied_slots(cache.shape[2], length)
+                cache[target, :, :span] = cache[source, :, :span]
+            else:  # a buffer on the provider's device, bound in place: copied through the host
+                host = cache.numpy()
+                span = self.copied_slots(host.shape[2], length)
+                host[target, :, :span] = host[source, :, :span]
+                cache.update_inplace(host)
+
     def _forward_each(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray):
         """A one-row step with scattered positions, a token at a time in order of position."""
         steps = {}

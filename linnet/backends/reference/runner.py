@@ -46,3 +46,8 @@ class NumpyRunner(Runner):
                   "rope_cos": self.rope_cos, "rope_sin": self.rope_sin}
         logits, self.cache_k, self.cache_v = run_step(self.program, self.weights, inputs, (self.cache_k, self.cache_v))
         return logits
+
+    def _copy_cache(self, source: int, target: int, length: int) -> None:
+        for cache in (*self.cache_k, *self.cache_v):
+            span = self.copied_slots(cache.shape[2], length)
+            cache[target, :, :span] = cache[source, :, :span]

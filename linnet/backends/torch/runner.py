@@ -248,6 +248,13 @@ class TorchRunner(Runner):
         # took a second of a fresh `linnet run` that loads packages
         return self._prefill_fn(t, p, r, s)
 
+    @torch.inference_mode()
+    def _copy_cache(self, source: int, target: int, length: int) -> None:
+        # in place: a compiled step, an AOT package or a captured CUDA graph keeps these tensors
+        for cache in (*self.model.cache_k, *self.model.cache_v):
+            span = self.copied_slots(cache.shape[2], length)
+            cache[target, :, :span].copy_(cache[source, :, :span])
+
     @property
     def scratch_position(self) -> int:
         """The model's last position (its cache is allocated bucketed, + 1), so that eager attention, which

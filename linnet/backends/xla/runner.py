@@ -33,6 +33,10 @@ def load_generated_module(source: str) -> ModuleType:
     return generated.load_generated_module(source, "jax")
 
 
+def _copy_row(caches: list[jax.Array], source: jax.Array, target: jax.Array) -> list[jax.Array]:
+    return [cache.at[target].set(cache[source]) for cache in caches]
+
+
 class _Key:
     """A row's random stream: a JAX key on the device, advanced by each draw."""
 
@@ -52,6 +56,15 @@ class XlaRunner(Runner):
         self.positions = cache.positions + 1  # and the scratch position
         self._greedy = jax.jit(lambda logits: jnp.argmax(logits, axis=-1))
         self._draw: Callable[..., Any] | None = None  # the generated `sample`, jitted; set by subclasses
+        self._copy: Callable[..., Any] | None = None  # ``_copied``, jitted at its first call
+
+    def _copied(self, caches: list[jax.Array], source: int, target: int) -> list[jax.Array]:
+        """``caches`` with row ``source`` copied whole into row ``target`` (``copy_row``): whole rows make one
+        shape, compiled once, where copying ``length`` positions would compile for every length. The caches
+        are donated and keep their shardings."""
+        if self._copy is None:
+            self._copy = jax.jit(_copy_row, donate_argnums=0, out_shardings=[c.sharding for c in caches])
+        return self._copy(caches, np.int32(source), np.int32(target))
 
     def _call(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray) -> jax.Array:
         raise NotImplementedError
@@ -157,6 +170,11 @@ class JaxRunner(XlaRunner):
             self._step = jax.jit(module.step, donate_argnames=("cache_k", "cache_v"), out_shardings=out)
         self._draw = jax.jit(module.sample)
         self.load_time = weights.load_time + time.perf_counter() - start
+
+    def _copy_cache(self, source: int, target: int, length: int) -> None:
+        layers = len(self.cache_k)
+        copied = self._copied([*self.cache_k, *self.cache_v], source, target)
+        self.cache_k, self.cache_v = copied[:layers], copied[layers:]
 
     def _call(self, tokens, positions, rows, select) -> jax.Array:
         logits, self.cache_k, self.cache_v = self._step(

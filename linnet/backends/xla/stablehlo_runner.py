@@ -74,6 +74,9 @@ class StableHloRunner(XlaRunner):
         self._draw = jax.jit(load_generated_module(generate_source(self.program)).sample)
         self.load_time = weights.load_time + time.perf_counter() - start
 
+    def _copy_cache(self, source: int, target: int, length: int) -> None:
+        self.caches = self._copied(self.caches, source, target)
+
     def _call(self, tokens, positions, rows, select) -> jax.Array:
         r, t = tokens.shape
         sizes = Sizes(r, t, select.shape[1], self.cache.rows, self.positions)
