@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # Every install is held to constraints.txt, the versions the tests last passed with.
 PIP := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt
 
-.PHONY: setup test-setup demo lint test test-slow
+.PHONY: setup test-setup demo lint test test-slow test-compile
 
 setup: $(VENV)/.linnet
 $(VENV)/.linnet: pyproject.toml constraints.txt
@@ -54,7 +54,10 @@ demo: setup
 	$(VENV)/bin/linnet run --chat "What is the capital of France? Answer in one sentence."
 
 test: test-setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" --durations=30
 
-test-slow: test-setup                  # the longer suites (16-bit inductor conformance); CI runs them too
-	$(PY) -m pytest -q -m slow
+test-slow: test-setup                  # the longer suites; CI runs them too
+	$(PY) -m pytest -q -m "slow and not compile" --durations=30
+
+test-compile: test-setup               # the rest of the slow compiles (inductor conformance), outside CI
+	$(PY) -m pytest -q -m compile

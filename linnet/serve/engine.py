@@ -14,8 +14,9 @@ prompt call.
 
 Prefix caching (on unless ``prefix_cache=False``): a freed row keeps the tokens it wrote warm, and a request
 takes the free row holding the longest prefix of its prompt (``Runner.can_keep``: as far as sliding layers'
-ring caches still hold it), reading only the rest; a running row is never shared. One engine runs one
-runner, so nothing is reused across models or dtypes.
+ring caches still hold it), reading only the rest; a request that finds none takes an empty row, else the
+row freed longest ago, so that the conversations served last keep theirs; a running row is never shared.
+One engine runs one runner, so nothing is reused across models or dtypes.
 
 Choices of one prompt (``submit_choices``: ``n``, ``best_of``) read it once: the first is admitted as any
 request, and the others wait behind it, holding the queue, until its prompt's last chunk is read. That call
@@ -31,7 +32,6 @@ through ``Request.events()``.
 """
 from __future__ import annotations
 
-import heapq
 import logging
 import queue
 import threading
@@ -147,6 +147,8 @@ class Request:
         self.submitted = time.perf_counter()
         self.done = False
         self._events: queue.Queue[Event] | None = None
+        self._ended = False  # its last event was read (events() ends there; result() keeps what it read)
+        self._result: Completion | None = None
         self._on_event: Callable[[Event], object]
         if on_event:
             self._on_event = on_event
@@ -162,14 +164,20 @@ class Request:
         """The request's events, as they come, until its last (only for requests without a callback)."""
         if self._events is None:
             raise LinnetError("this request delivers its events to its callback")
+        if self._ended:
+            raise LinnetError("this request's events were read already: result() keeps its completion")
         while True:
             event = self._events.get()
+            if event.finish_reason:
+                self._ended = True
             yield event
             if event.finish_reason:
                 return
 
     def result(self) -> Completion:
-        """Wait for the end; the whole text, tokens and counts."""
+        """Wait for the end; the whole text, tokens and counts (the same completion when asked again)."""
+        if self._result is not None:
+            return self._result
         text: list[str] = []
         tokens: list[int] = []
         logprobs: list[TokenLogprob] = []
@@ -180,8 +188,10 @@ class Request:
             logprobs += event.logprobs
             prompt_logprobs += event.prompt_logprobs
         assert event.finish_reason is not None  # events() ends with the last
-        return Completion("".join(text), tokens, event.finish_reason, event.prompt_tokens,
-                          event.completion_tokens, event.error, event.cached_tokens, logprobs, prompt_logprobs)
+        self._result = Completion("".join(text), tokens, event.finish_reason, event.prompt_tokens,
+                                  event.completion_tokens, event.error, event.cached_tokens, logprobs,
+                                  prompt_logprobs)
+        return self._result
 
 
 @dataclass
@@ -241,7 +251,9 @@ class Engine:
         self._waiting: deque[Request] = deque()
         self._cancels: list[Request] = []
         self._running: dict[int, _Running] = {}  # row -> its request, in order of admission
-        self._free = list(range(runner.cache.rows))  # a heap: the lowest free row is taken first
+        self._free = list(range(runner.cache.rows))
+        self._freed = [0] * runner.cache.rows  # when each row was last freed, in frees: the oldest is lost first
+        self._frees = 0
         self._thread, self._own_thread = thread, thread is None  # the engine's own: made when first needed
         self._loop_done: Future | None = None
         self._stopping = False
@@ -408,7 +420,6 @@ class Engine:
         if request.params.prompt_logprobs is not None:
             keep = 0  # a cached prefix has no logits to score its tokens with
         self._free.remove(row)
-        heapq.heapify(self._free)
         self.runner.reset(row, keep)
         self._running[row] = self._run_in(row, request, keep, keep)
 
@@ -441,7 +452,8 @@ class Engine:
                         or follower.params.prompt_logprobs != leader.request.params.prompt_logprobs):
                     continue
                 self._waiting.remove(follower)
-                row = heapq.heappop(self._free)
+                row = self._spare_row()
+                self._free.remove(row)
                 self._running[row] = self._run_in(row, follower, len(follower.prompt_ids), leader.cached, forked=True,
                                                   prompt_logprobs=leader.prompt_logprobs)
                 rows.append(row)
@@ -457,16 +469,21 @@ class Engine:
 
     def _pick_row(self, prompt: list[int]) -> tuple[int, int]:
         """The free row that holds the longest prefix of ``prompt`` the runner can keep (``Runner.can_keep``:
-        sliding layers' rings may have lost it), and that prefix's length; the lowest free row where none
-        holds any. The prompt's last token is always read, for the logits of the first new token."""
-        best = (0, -self._free[0])
+        sliding layers' rings may have lost it), and that prefix's length; where none holds any, the row
+        whose loss costs least (``_spare_row``). The prompt's last token is always read, for the logits of
+        the first new token."""
+        best = (0, self._spare_row())
         if self.prefix_cache:
-            for row in self._free:
-                held = self._held[row]
-                n = common_prefix(held, prompt[:-1])
-                if n and self.runner.can_keep(row, n):
-                    best = max(best, (n, -row))
-        return -best[1], best[0]
+            for row in sorted(self._free):
+                n = common_prefix(self._held[row], prompt[:-1])
+                if n > best[0] and self.runner.can_keep(row, n):
+                    best = (n, row)
+        return best[1], best[0]
+
+    def _spare_row(self) -> int:
+        """The free row to give a request that finds no prefix of its own: one that holds nothing, else the
+        one freed longest ago (as an LRU cache evicts), so the prefixes freed last stay for their follow-ups."""
+        return min(self._free, key=lambda row: (bool(self._held[row]), self._freed[row], row))
 
     def _step(self) -> None:
         """Read prompts, a model call at a time, up to the step's budget; then decode the rows whose
@@ -571,7 +588,9 @@ class Engine:
                 held = []
             self.runner.reset(row, len(held))
             self._held[row] = held
-            heapq.heappush(self._free, row)
+            self._frees += 1
+            self._freed[row] = self._frees
+            self._free.append(row)
             if run.stream and not run.stream.stopped and reason != CANCELLED:
                 text += run.stream.finish()
         else:

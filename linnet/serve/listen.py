@@ -92,3 +92,7 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.stopped_by = self.stopped_by or signal.Signals(sig).name
         super().handle_exit(sig, frame)
+        # Stop accepting now: uvicorn's main loop sees should_exit at its next tick, up to 0.1 s (longer on a
+        # busy machine) later, and a connection made in between would be served during the drain.
+        for server in getattr(self, "servers", ()):
+            server.get_loop().call_soon_threadsafe(server.close)

@@ -4,7 +4,9 @@ The matrix is the backend registry: every backend in every dtype it declares. A 
 here (CUDA graphs without a GPU) is skipped with its own reason. 16-bit runs of the compiled backends
 are marked slow (each compiles its own graphs), and so are inductor's f32 runs on all but two cases;
 inductor's 16-bit runs are on those two cases alone (INDUCTOR_CASES says why). Mixtures of experts run in
-f32 alone; on XLA one case by default, on inductor none (MOE_COMPILED_CASES says why).
+f32 alone; on XLA one case by default, on inductor none (MOE_COMPILED_CASES says why). Inductor's slow
+runs but one of each kind are also marked ``compile``: the rest of the slow compiles, which CI leaves out
+(``make test-compile`` runs them; CI_INDUCTOR says which CI keeps).
 
 Tolerances (absolute, on logits): f32 1e-4. In 16 bits both sides round every intermediate, each in
 its own order, so the budget scales with the logits' size: bf16 (8-bit mantissa, relative step
@@ -59,6 +61,18 @@ def slow(backend: str, dtype: str, case: str) -> bool:
                                           or spare_compiled_family(backend, case))
 
 
+# Inductor's slow runs compile for 20-90 s each on 2 cores, most of the slow suite's time: CI's slow run
+# keeps one in 16 bits and one mixture of experts, and `make test-compile` runs the others.
+CI_INDUCTOR = {("bf16", "qwen3-gqa3"), ("f32", "mixtral-top2of5")}
+
+
+def marks(is_slow: bool, backend: str, dtype: str, case: str) -> list[pytest.MarkDecorator]:
+    if not is_slow:
+        return []
+    spare = backend == "torch:inductor" and (dtype, case) not in CI_INDUCTOR
+    return [pytest.mark.slow, pytest.mark.compile] if spare else [pytest.mark.slow]
+
+
 def sixteen_bit_case(backend: str, case: str) -> bool:
     """16 bits: every case on the uncompiled backends; on the compiled ones the Llama family's (inductor:
     INDUCTOR_CASES alone), the new families' 16 bits being checked on the uncompiled backends."""
@@ -67,7 +81,7 @@ def sixteen_bit_case(backend: str, case: str) -> bool:
     return case in INDUCTOR_CASES if backend == "torch:inductor" else case not in FAMILY_IDS
 
 
-PARAMS = [pytest.param(b, d, c, id=f"{b}-{d}-{c}", marks=[pytest.mark.slow] if slow(b, d, c) else [])
+PARAMS = [pytest.param(b, d, c, id=f"{b}-{d}-{c}", marks=marks(slow(b, d, c), b, d, c))
           for b, d in MATRIX for c in CASE_IDS
           if (d == "f32" or sixteen_bit_case(b, c))
           and not (b == "torch:inductor" and c in FAMILY_IDS - COMPILED_FAMILY_CASES)]
@@ -85,7 +99,7 @@ def slow_moe(backend: str, case: str) -> bool:
     return backend not in UNCOMPILED and (backend == "torch:inductor" or case not in MOE_COMPILED_CASES)
 
 
-PARAMS += [pytest.param(b, d, c, id=f"{b}-{d}-{c}", marks=[pytest.mark.slow] if slow_moe(b, c) else [])
+PARAMS += [pytest.param(b, d, c, id=f"{b}-{d}-{c}", marks=marks(slow_moe(b, c), b, d, c))
            for b, d in MATRIX for c in MOE_CASE_IDS if d == "f32"]
 
 

@@ -3,7 +3,8 @@ that row does, and as a row that read the prompt itself; a fork draws its own fi
 logits with its own sampler. Gemma 2's case mixes global layers with sliding ones kept as rings (chunks
 of 4 tokens: 9 slots for its window of 6), over a prompt long enough to wrap them.
 
-Compiled backends other than XLA's are slow (inductor compiles each step for tens of seconds)."""
+Compiled backends other than XLA's are slow (inductor compiles each step for tens of seconds); inductor's
+copy is torch:eager's, so its second case is left to ``make test-compile``."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,7 +19,15 @@ from linnet.spec import load_spec
 
 CASES = ("qwen3-gqa3", "gemma2-softcap-window6")
 FAST = {"reference:numpy", "torch:eager", "onnx:cpu", "xla:jax", "xla:stablehlo"}
-PARAMS = [pytest.param(b.id, case, id=f"{b.id}-{case}", marks=[] if b.id in FAST else [pytest.mark.slow])
+
+
+def marks(backend: str, case: str) -> list[pytest.MarkDecorator]:
+    if backend in FAST:
+        return []
+    return [pytest.mark.slow] + ([pytest.mark.compile] if case != CASES[0] else [])
+
+
+PARAMS = [pytest.param(b.id, case, id=f"{b.id}-{case}", marks=marks(b.id, case))
           for b in backends() if "f32" in b.dtypes for case in CASES]
 ROWS, POSITIONS, CHUNK = 3, 64, 4
 VOCAB = 331

@@ -48,6 +48,10 @@ def test_concurrent_requests_give_the_tokens_each_gives_alone(checkpoint_dir, ba
         engine.stop()
     assert [r.token_ids for r in results] == alone
     assert all(r.finish_reason == LENGTH and r.completion_tokens == len(r.token_ids) for r in results)
+    # asked again, a request gives the completion it gave; its events, read once, are not read twice
+    assert requests[0].result() is results[0]
+    with pytest.raises(LinnetError, match="read already"):
+        next(requests[0].events())
     rows = [r.row for r in requests]
     assert set(rows) <= set(range(ROWS)) and len(rows) > ROWS  # seven requests took turns in three rows
     assert engine.rows_busy == 0 and engine.queue_length == 0

@@ -85,6 +85,24 @@ def test_requests_in_flight_never_share_a_row(checkpoint_dir):
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
 
 
+def test_a_request_without_a_prefix_spares_the_rows_freed_last(checkpoint_dir):
+    """Unrelated prompts fill the empty rows first, then replace the row freed longest ago: the follow-ups
+    of the conversations served last find their prefixes, the oldest's is gone."""
+    model = open_model(str(checkpoint_dir(CASE)))
+    firsts = [prompt(12, 20 + i) for i in range(4)]
+    with engines(model, CacheShape(3, 96)) as (cached, _):
+        requests = []
+        for p in firsts:  # one after another, each finding the rows the last ones left
+            requests.append(cached.submit(p, Params(max_tokens=5, ignore_eos=True)))
+            requests[-1].result()
+        answers = [r.result() for r in requests]  # each completion again, as it was
+        follow_ups = [p + a.token_ids + prompt(3, 30 + i) for i, (p, a) in enumerate(zip(firsts, answers))]
+        got = in_turn(cached, follow_ups[1:] + follow_ups[:1])
+    assert [r.row for r in requests] == [0, 1, 2, 0]  # empty rows first, then the oldest
+    # the second, third and fourth conversations find theirs; the first's row went to the fourth
+    assert [r.cached_tokens for r in got] == [len(p) + 4 for p in firsts[1:]] + [0]
+
+
 RING_CASES = ("mistral-window5", "gemma2-softcap-window6")
 
 
