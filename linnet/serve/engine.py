@@ -14,8 +14,9 @@ prompt call.
 
 Prefix caching (on unless ``prefix_cache=False``): a freed row keeps the tokens it wrote warm, and a request
 takes the free row holding the longest prefix of its prompt (``Runner.can_keep``: as far as sliding layers'
-ring caches still hold it), reading only the rest; a request that finds none takes an empty row, else the
-row freed longest ago, so that the conversations served last keep theirs; a running row is never shared.
+ring caches still hold it), reading only the rest; a request that finds none takes, of the rows that do
+not widen the span of the running ones, an empty row, else the row freed longest ago, so that the
+conversations served last keep theirs; a running row is never shared.
 One engine runs one runner, so nothing is reused across models or dtypes.
 
 Choices of one prompt (``submit_choices``: ``n``, ``best_of``) read it once: the first is admitted as any
@@ -481,9 +482,17 @@ class Engine:
         return best[1], best[0]
 
     def _spare_row(self) -> int:
-        """The free row to give a request that finds no prefix of its own: one that holds nothing, else the
-        one freed longest ago (as an LRU cache evicts), so the prefixes freed last stay for their follow-ups."""
-        return min(self._free, key=lambda row: (bool(self._held[row]), self._freed[row], row))
+        """The free row to give a request that finds no prefix of its own. First one that does not widen the
+        span of the running rows (ONNX Runtime's CPU runner steps every row from the lowest running one to
+        the highest, idle ones too); among those one that holds nothing, else the one freed longest ago (as
+        an LRU cache evicts), so that the prefixes freed last stay for their follow-ups."""
+        running = self._running.keys()
+        low, high = (min(running), max(running)) if running else (0, self.rows)
+
+        def widening(row: int) -> int:
+            return max(low - row, row - high, 0)
+
+        return min(self._free, key=lambda row: (widening(row), bool(self._held[row]), self._freed[row], row))
 
     def _step(self) -> None:
         """Read prompts, a model call at a time, up to the step's budget; then decode the rows whose

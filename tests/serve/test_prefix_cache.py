@@ -103,6 +103,21 @@ def test_a_request_without_a_prefix_spares_the_rows_freed_last(checkpoint_dir):
     assert [r.cached_tokens for r in got] == [len(p) + 4 for p in firsts[1:]] + [0]
 
 
+def test_a_spare_row_does_not_widen_the_running_rows_span(checkpoint_dir):
+    """With a request running in row 3, an unrelated one takes row 2, next to it, not row 0, freed longest
+    ago: ONNX Runtime's CPU runner steps every row between the lowest and the highest running one."""
+    model = open_model(str(checkpoint_dir(CASE)))
+    with engines(model, CacheShape(4, 96)) as (cached, _):
+        for i in range(3):  # rows 0, 1 and 2 hold a prompt each
+            cached.submit(prompt(8, 40 + i), Params(max_tokens=2, ignore_eos=True)).result()
+        running = cached.submit(prompt(8, 50), Params(max_tokens=80, ignore_eos=True))
+        next(running.events())  # its first token: it runs
+        other = cached.submit(prompt(8, 51), Params(max_tokens=2, ignore_eos=True))
+        other.result()
+        running.cancel()
+    assert (running.row, other.row) == (3, 2)
+
+
 RING_CASES = ("mistral-window5", "gemma2-softcap-window6")
 
 
