@@ -272,9 +272,10 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
                 return
             # a chunk per token, its text empty while held back (as vLLM's); the echo's logprobs with the first
             if event.text or event.token_ids or event.prompt_logprobs:
-                yield sse(replies.chunk(responder.chunk(event.text, include_usage=include_usage, index=i,
-                                                        logprobs=event.logprobs if shown else None,
-                                                        prompt_logprobs=event.prompt_logprobs)))
+                for chunk in replies.chunk(responder.chunk(event.text, include_usage=include_usage, index=i,
+                                                           logprobs=event.logprobs if shown else None,
+                                                           prompt_logprobs=event.prompt_logprobs)):
+                    yield sse(chunk)
             if event.finish_reason:
                 last[i] = event
                 for chunk in replies.last(responder.chunk(None, finish_reason(event), include_usage=include_usage,

@@ -22,11 +22,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from linnet.serve.engine import RequestError
 from linnet.serve.grammar import GrammarSpec
+from linnet.serve.tool_stream import (
+    HERMES_CLOSE,
+    HERMES_OPEN,
+    MISTRAL_MARK,
+    PYTHON_TAG,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallStream,
+    joined_calls,
+)
 
 ToolFormat = Literal["hermes", "mistral", "llama3_json"]
-HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
-MISTRAL_MARK = "[TOOL_CALLS]"
-PYTHON_TAG = "<|python_tag|>"  # Llama 3's mark of a call, which it may or may not write
 # Tool calls' JSON as models write it, no free whitespace (as grammar.JSON_OPTIONS)
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -109,17 +116,6 @@ def tool_format(template: str) -> ToolFormat | None:
 
 
 @dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text
-
-    def as_api(self, index: int | None = None) -> dict[str, Any]:
-        call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-        return call if index is None else {"index": index, **call}
-
-
-@dataclass(frozen=True)
 class ToolPlan:
     fmt: ToolFormat
     tools: tuple[Tool, ...]
@@ -162,13 +158,14 @@ class ToolPlan:
         return "call_" + secrets.token_hex(12)
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """The content (text before the first call; None where there is none) and the calls of a whole output.
-        Output that holds no well-formed call is all content."""
-        start = self.call_start(text)
-        calls = [] if start is None else [ToolCall(self.new_id(), n, a) for n, a in _read_calls(self.fmt, text[start:])]
-        if not calls:
-            return text or None, []
-        return text[:start] if text[:start].strip() else None, calls
+        """The content (text before the first call; None where there is none) and the calls of a whole output,
+        read as a stream is (``tool_stream``), so that a streamed answer's pieces join to these calls. Output in
+        which no call begins is all content."""
+        stream = ToolCallStream(self)
+        content, deltas = stream.feed(text)
+        content += stream.finish()
+        calls = joined_calls(deltas)
+        return (content if not calls or content.strip() else None) or None, calls
 
     def call_start(self, text: str, final: bool = True) -> int | None:
         """Where the first call begins in ``text``, or None. Not ``final``: -1 where the text so far could
@@ -201,104 +198,11 @@ def _calls_schema(tools: list[Tool], arguments_key: str) -> dict[str, Any]:
     return {**schema, "x-guidance": {**_JSON_STYLE, "lenient": lenient}}
 
 
-def _read_calls(fmt: ToolFormat, text: str) -> list[tuple[str, str]]:
-    """(name, arguments as JSON text) of each call in ``text``, which begins where the first does. Hermes's
-    tagged calls are read one by one (a malformed one is skipped); untagged JSON must be calls throughout."""
-    text = text.strip()
-    if fmt == "hermes" and text.startswith(HERMES_OPEN):
-        blocks = re.finditer(re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLOSE) + r"|$)", text, re.DOTALL)
-        return [call for block in blocks for call in _calls([_json(block.group(1))])]
-    for mark in (MISTRAL_MARK, PYTHON_TAG):
-        text = text.removeprefix(mark)
-    objects = _json_values(text)
-    calls = _calls(objects)
-    return calls if objects and len(calls) == len(objects) else []
-
-
-def _calls(objects: list[Any]) -> list[tuple[str, str]]:
-    calls = []
-    for obj in objects:
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            continue
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(args, str):  # some models write the arguments as JSON text already
-            args = _json(args)
-        if isinstance(args, dict):
-            calls.append((obj["name"], json.dumps(args, ensure_ascii=False)))
-    return calls
-
-
-def _json_values(text: str) -> list[Any]:
-    """The JSON values that make up ``text`` (arrays flattened), apart by blanks, commas or semicolons (Llama 3.2
-    separates calls with semicolons); [] where anything else is there."""
-    decoder, at = json.JSONDecoder(), 0
-    values: list[Any] = []
-    while True:
-        while at < len(text) and (text[at].isspace() or text[at] in ",;"):
-            at += 1
-        if at == len(text):
-            return values
-        try:
-            value, at = decoder.raw_decode(text, at)
-        except ValueError:
-            return []
-        values += value if isinstance(value, list) else [value]
-
-
 def _json(text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError:
         return None
-
-
-class ToolCallStream:
-    """Splits a streamed output into content and tool calls as it comes: text before a call goes out at once
-    (held back only while it could be the start of a call's marker); a Hermes call goes out whole when its
-    closing tag comes; other calls, and anything unfinished, at the end."""
-
-    def __init__(self, plan: ToolPlan):
-        self.plan = plan
-        self.text = ""
-        self.sent = 0  # characters of ``text`` sent as content
-        self.start: int | None = None  # where the calls begin, once known
-        self.calls_sent = 0
-
-    def feed(self, piece: str) -> tuple[str, list[ToolCall]]:
-        self.text += piece
-        if self.start is None:
-            at = self.plan.call_start(self.text, final=False)
-            if at is None:
-                content, self.sent = self.text[self.sent:], len(self.text)
-                return content, []
-            if at < 0:
-                return "", []
-            self.start = at
-            content, self.sent = self.text[self.sent:at], at
-            return content if content.strip() else "", self._closed_calls()
-        return "", self._closed_calls()
-
-    def _closed_calls(self) -> list[ToolCall]:
-        if self.plan.fmt != "hermes" or self.start is None:
-            return []
-        end = self.text.rfind(HERMES_CLOSE)
-        found = _read_calls("hermes", self.text[self.start:end + len(HERMES_CLOSE)]) if end > self.start else []
-        new = [ToolCall(self.plan.new_id(), name, args) for name, args in found[self.calls_sent:]]
-        self.calls_sent += len(new)
-        return new
-
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """What is left: the remaining calls, or, where the output held no well-formed call, its held text."""
-        if self.start is not None:
-            found = _read_calls(self.plan.fmt, self.text[self.start:])
-            if found:
-                new = [ToolCall(self.plan.new_id(), name, args) for name, args in found[self.calls_sent:]]
-                self.calls_sent += len(new)
-                return "", new
-        if self.calls_sent:
-            return "", []
-        content, self.sent = self.text[self.sent:], len(self.text)
-        return content, []
 
 
 def template_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -338,39 +242,47 @@ class ToolReplies:
                 choice["finish_reason"] = _reason(choice["finish_reason"])
         return response
 
-    def chunk(self, chunk: dict[str, Any]) -> dict[str, Any]:
-        """A chunk with a piece of content: the piece as far as it is content, and the calls it completes."""
+    def chunk(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        """A chunk with a piece of content: the piece as far as it is content, with the tool-call deltas it
+        makes, in as many chunks as they need (``_with_deltas``)."""
         if self.plan is None:
-            return chunk
+            return [chunk]
         choice = chunk["choices"][0]
         text = choice["delta"].get("content")
         if text is None:
-            return chunk
+            return [chunk]
         stream = self._streams.setdefault(choice["index"], ToolCallStream(self.plan))
-        sent = stream.calls_sent
-        content, calls = stream.feed(text)
+        content, deltas = stream.feed(text)
         choice["delta"]["content"] = content
-        if calls:
-            choice["delta"]["tool_calls"] = [c.as_api(sent + k) for k, c in enumerate(calls)]
-        return chunk
+        return _with_deltas(chunk, deltas)
 
     def last(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """The choice's finishing chunk, after one with what its stream held back (content, or calls)."""
+        """The choice's finishing chunk, after one with the content its stream held back, if any."""
         choice = chunk["choices"][0]
         stream = self._streams.get(choice["index"])
         if stream is None:
             return [chunk]
-        sent = stream.calls_sent
-        content, calls = stream.finish()
-        out = []
-        if content or calls:
-            delta: dict[str, Any] = {"content": content} if content else {}
-            if calls:
-                delta["tool_calls"] = [c.as_api(sent + k) for k, c in enumerate(calls)]
-            out.append({**chunk, "choices": [{**choice, "delta": delta, "finish_reason": None}]})
-        if stream.calls_sent:
+        content = stream.finish()
+        held = [{**chunk, "choices": [{**choice, "delta": {"content": content}, "finish_reason": None}]}]
+        if stream.calls:
             choice["finish_reason"] = _reason(choice["finish_reason"])
-        return [*out, chunk]
+        return [*held, chunk] if content else [chunk]
+
+
+def _with_deltas(chunk: dict[str, Any], deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
+    """``chunk`` carrying ``deltas``, and after it chunks for those that would meet a delta of the same call in
+    one chunk (a call's first delta and a piece of its arguments): clients merge a chunk's deltas by index."""
+    groups: list[list[ToolCallDelta]] = [[]]
+    for delta in deltas:
+        if any(d.index == delta.index for d in groups[-1]):
+            groups.append([])
+        groups[-1].append(delta)
+    choice = chunk["choices"][0]
+    if groups[0]:
+        choice["delta"]["tool_calls"] = [d.as_api() for d in groups[0]]
+    more = [{**chunk, "choices": [{"index": choice["index"], "delta": {"tool_calls": [d.as_api() for d in group]},
+                                   "logprobs": None, "finish_reason": None}]} for group in groups[1:]]
+    return [chunk, *more]
 
 
 def _reason(reason: str | None) -> str | None:

@@ -19,7 +19,7 @@ from linnet.serve import Engine
 from linnet.serve.app import create_app
 from linnet.serve.engine import RequestError
 from linnet.serve.grammar import GrammarCompiler
-from linnet.serve.tools import ToolCallStream, ToolFields, tool_format
+from linnet.serve.tools import ToolFields, tool_format
 
 NAME = "tiny-qwen-tools"
 ROWS, POSITIONS = 2, 2048
@@ -105,46 +105,14 @@ def test_tool_fields_refused_by_name(fields, param, words):
     assert e.value.param == param
 
 
-@pytest.mark.parametrize("template, text, content", [
-    (QWEN25_TEMPLATE, 'Let me see.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}'
-                      '\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>',
-     "Let me see."),
-    (MISTRAL_TEMPLATE, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}, '
-                       '{"name": "get_time", "arguments": {"zone": "UTC"}}]', None),
-    (LLAMA3_TEMPLATE, '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo", "days": 2}}; '
-                      '{"name": "get_time", "parameters": {"zone": "UTC"}}', None),
-    (MISTRAL_TEMPLATE, ' [{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}, '
-                       '{"name": "get_time", "arguments": "{\\"zone\\": \\"UTC\\"}"}]', None),
-    (QWEN25_TEMPLATE, '\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n\n'
-                      '{"name": "get_time", "arguments": {"zone": "UTC"}}\n', None),
-], ids=["hermes", "mistral", "llama3", "mistral-special-mark", "hermes-special-tags"])
-def test_parse_whole_and_streamed(template, text, content):
-    p = plan(template)
-    got_content, calls = p.parse(text)
-    assert got_content == content
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
-        ("get_weather", {"city": "Oslo", "days": 2}), ("get_time", {"zone": "UTC"})]
-    assert len({c.id for c in calls}) == 2
-    for step in (1, 3, 7):  # any split of the stream gives the same content and calls
-        stream, pieces, streamed = ToolCallStream(p), [], []
-        for i in range(0, len(text), step):
-            piece, new = stream.feed(text[i:i + step])
-            pieces.append(piece)
-            streamed += new
-        piece, new = stream.finish()
-        assert "".join(pieces) + piece == (content or "")
-        assert [(c.name, c.arguments) for c in streamed + new] == [(c.name, c.arguments) for c in calls]
-
-
-def test_text_without_a_call_is_content():
-    for template in (QWEN25_TEMPLATE, MISTRAL_TEMPLATE, LLAMA3_TEMPLATE):
-        p = plan(template)
-        for text in ["Paris is sunny.", "<tool_call>\n{not json}\n</tool_call>", '{"no": "name"}', "<tool_c",
-                     '[1, 2] and text', '{"name": "f", "arguments": {}} {"not": "a call"}', " \n"]:
-            assert p.parse(text) == (text, [])
-            stream = ToolCallStream(p)
-            streamed = [stream.feed(ch) for ch in text] + [stream.finish()]
-            assert "".join(piece for piece, _ in streamed) == text and not any(calls for _, calls in streamed)
+def test_whole_output_parses_into_content_and_calls():
+    """The reader itself (streamed, split anywhere, and whole) is tested in test_tool_stream.py."""
+    p = plan(QWEN25_TEMPLATE)
+    content, calls = p.parse('Let me see.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", '
+                             '"days": 2}}\n</tool_call>')
+    assert content == "Let me see." and [(c.name, c.arguments) for c in calls] == [
+        ("get_weather", '{"city": "Oslo", "days": 2}')]
+    assert calls[0].id.startswith("call_") and p.parse("Paris is sunny.") == ("Paris is sunny.", [])
 
 
 @pytest.fixture(scope="module")
@@ -244,16 +212,60 @@ def test_forced_call_round_trips_through_a_tool_message(client, tool_model, choi
     assert "<today>" in rendered  # tojson as transformers writes it, not HTML-escaped
 
 
-def test_forced_call_streams_as_tool_call_deltas(client):
-    chunks = list(client.chat.completions.create(
-        model=NAME, messages=QUESTION, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
-        max_tokens=120, seed=5, stream=True))
-    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
-    assert deltas and deltas[0].id and deltas[0].type == "function" and deltas[0].function.name == "get_weather"
-    assert all(d.index == 0 for d in deltas)
-    check_weather("".join(d.function.arguments or "" for d in deltas))
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+def tool_deltas(chunks: list[Any]) -> list[Any]:
+    return [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+
+
+def test_forced_call_streams_its_arguments_in_pieces(client):
+    """As OpenAI and vLLM stream a call: a first delta with its id, type and name (arguments ""), then deltas
+    of the arguments only, which join to the whole answer's arguments for the same seeded request; the
+    ``openai`` SDK's stream helper joins them the same way."""
+    request = {"model": NAME, "messages": QUESTION, "tools": [WEATHER], "tool_choice": "required",
+               "parallel_tool_calls": False, "max_tokens": 120, "seed": 5}
+    whole = client.chat.completions.create(**request)
+    call = whole.choices[0].message.tool_calls[0]
+    check_weather(call.function.arguments)
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    first, *pieces = tool_deltas(chunks)
+    assert first.index == 0 and first.id and first.type == "function"
+    assert first.function.name == "get_weather" and first.function.arguments == ""
+    assert len(pieces) > 1 and all(d.index == 0 and d.id is None and d.type is None and d.function.name is None
+                                   for d in pieces)
+    assert "".join(d.function.arguments for d in pieces) == call.function.arguments
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason == "tool_calls"
     assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    with client.chat.completions.stream(**request) as stream:
+        final = stream.get_final_completion()
+    assert [c.function.arguments for c in final.choices[0].message.tool_calls] == [call.function.arguments]
+
+
+def test_a_call_cut_off_by_max_tokens_streams_what_it_has(client):
+    """max_tokens that ends inside the arguments: the whole answer and the stream both give the call with its
+    arguments as far as they came, and finish_reason "length"."""
+    request = {"model": NAME, "messages": QUESTION, "tools": [WEATHER], "tool_choice": "required",
+               "parallel_tool_calls": False, "seed": 7}
+    tokens = client.chat.completions.create(**request, max_tokens=120).usage.completion_tokens
+    for max_tokens in range(tokens - 1, 0, -1):  # the longest cut that breaks the arguments
+        whole = client.chat.completions.create(**request, max_tokens=max_tokens)
+        calls = whole.choices[0].message.tool_calls or []
+        if calls and calls[0].function.arguments and not _is_json(calls[0].function.arguments):
+            break
+    else:
+        pytest.fail("no max_tokens cut the arguments")
+    assert whole.choices[0].finish_reason == "length"
+    chunks = list(client.chat.completions.create(**request, max_tokens=max_tokens, stream=True))
+    first, *pieces = tool_deltas(chunks)
+    assert first.function.name == calls[0].function.name
+    assert "".join(d.function.arguments for d in pieces) == calls[0].function.arguments
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def test_auto_and_none_leave_text_as_content(client):
