@@ -1,7 +1,8 @@
 """Which run a page shows: every results file is a run of one machine kind under one protocol.
 
 Per kind, the page leads with the latest complete run among the current ones; a kind with no complete
-run yet shows its latest run, marked partial. A run is *superseded* once later runs of the same model,
+run yet shows the run that covers the most groups of the bench (the latest among equals), marked partial:
+a serving load measured last does not hide a run of rows beside the reference. A run is *superseded* once later runs of the same model,
 kind and protocol have measured every subject it measured; superseded files belong in an ``archive/``
 folder beside the current ones, which only the history page reads.
 """
@@ -42,6 +43,11 @@ class Run:
     def complete(self) -> bool:
         """It covers every part of the bench: a row, measured or saying why not, in every group."""
         return {r.group for r in self.results.rows} >= set(GROUPS)
+
+    @property
+    def groups(self) -> int:
+        """How many of the bench's groups it has rows in."""
+        return len({r.group for r in self.results.rows} & set(GROUPS))
 
     @property
     def measured(self) -> set[str]:
@@ -97,7 +103,7 @@ def by_kind(runs: Sequence[Run]) -> list[KindRuns]:
     for kind in dict.fromkeys(r.kind for r in runs):
         mine = sorted((r for r in runs if r.kind == kind), key=lambda r: r.when)
         current = [r for r in mine if not r.archived and r.path not in old]
-        lead = max(current, key=lambda r: (r.complete, r.when)) if current else None
+        lead = max(current, key=lambda r: (r.complete, r.groups, r.when)) if current else None
         found.append(KindRuns(kind, mine, current, lead))
     return sorted(found, key=lambda k: (k.kind.published, k.lead is None,
                                         not (k.lead and k.lead.complete), -(k.lead or k.runs[-1]).when.timestamp()))

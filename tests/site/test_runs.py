@@ -62,6 +62,10 @@ def test_a_kind_leads_with_its_latest_complete_run():
     assert epyc.lead is complete and complete.complete and not partial.complete
     (alone,) = runs.by_kind([partial])
     assert alone.lead is partial  # no complete run: the latest, which the page marks partial
+    # without a complete run, the broadest leads: rows in three groups, not a later serving load alone
+    broad = _run("engines.json", "01T12:00", ["transformers", "keras-hub", "torch:inductor", "vllm"])
+    assert broad.groups == 3 and partial.groups == 1
+    assert runs.by_kind([broad, partial])[0].lead is broad
     archived = dataclasses.replace(complete, archived=True)
     assert runs.by_kind([archived, partial])[0].lead is partial
 
