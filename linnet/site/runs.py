@@ -3,8 +3,8 @@
 Per kind, the page leads with the latest complete run among the current ones; a kind with no complete
 run yet shows the run that covers the most groups of the bench (the latest among equals), marked partial:
 a serving load measured last does not hide a run of rows beside the reference. A run is *superseded*
-once later runs of the same model, kind and protocol have measured every subject it measured; superseded files belong in an ``archive/``
-folder beside the current ones, which only the history page reads.
+once later runs of the same model, kind and protocol have measured every subject it measured; superseded
+files belong in an ``archive/`` folder beside the current ones, which only the history page reads.
 """
 from __future__ import annotations
 
