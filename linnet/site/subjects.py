@@ -79,6 +79,8 @@ def identify(row: Row) -> tuple[str, str]:
         name = "Triton, linnet.serve backend" + (f", {inner[1]}" if inner else "")
     else:  # a peer, or a backend this Linnet does not know: as recorded
         row_id, name = base, row.name.removesuffix(f" {form}") if form else row.name
+        # Ray Serve's rows name their replica count, which their notes give: one name for the subject
+        name = re.sub(r" \(\d+ replicas?(, )?", " (", name).replace(" ()", "")
     return (f"{row_id}@{form}", f"{name} {form}") if form else (row_id, name)
 
 
