@@ -12,6 +12,7 @@ from linnet.backends.runner import Runner
 from linnet.commands._cache import check_cache_memory, check_positions
 from linnet.commands._checks import port, size, text, whole
 from linnet.commands._common import (
+    RAY_FLAGS,
     add_model_argument,
     add_runner_arguments,
     check_process_arguments,
@@ -82,7 +83,7 @@ def handle(args: argparse.Namespace) -> int:
     check_process_arguments(args)
     if args.num_processes > 1 and args.process_id:  # no server here: process 0's calls, made again
         return follow(args)
-    if args.replicas or args.min_replicas or args.max_replicas or args.ray_address or args.router:
+    if any(getattr(args, name) for name in RAY_FLAGS):
         from linnet.ray.launch import serve_with_ray
 
         return serve_with_ray(args)
