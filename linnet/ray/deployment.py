@@ -41,9 +41,16 @@ DEFAULT_ROUTER = "prefix"
 
 # as linnet serve's uvicorn: warnings and errors, no line per request
 QUIET = {"log_level": "WARNING", "enable_access_log": False}
+# The processes of the replicas and the ingress. Ray starts workers at niceness 15, below everything else on
+# the machine: these are the service's own work, run at the priority `linnet serve` alone runs at (as Ray's
+# job drivers are). Each streamed token crosses the ingress, so it runs Ray Serve's user code and router on
+# its main event loop rather than hopping between threads for every message (Ray's throughput settings).
+WORKER_ENV = {"RAY_worker_niceness": "0", "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+              "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0}, logging_config=QUIET)  # it reads and relays; replicas compute
+# it reads and relays; the replicas compute
+@serve.deployment(ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": WORKER_ENV}}, logging_config=QUIET)
 @serve.ingress()
 class LinnetIngress:
     def __init__(self, replicas: DeploymentHandle, max_body: int):
@@ -147,7 +154,7 @@ def build(args: argparse.Namespace, autoscaling: Mapping[str, Any] | None = None
         # two rows' worth per replica: the engine has a request waiting when a row frees; past that, Ray
         # holds requests at the router, which can still send them to another replica
         "max_ongoing_requests": 2 * args.rows,
-        "ray_actor_options": {"num_cpus": args.threads or 1},
+        "ray_actor_options": {"num_cpus": args.threads or 1, "runtime_env": {"env_vars": WORKER_ENV}},
         "graceful_shutdown_timeout_s": args.drain_timeout,
         "logging_config": QUIET,
         "request_router_config": router_config(args),
@@ -159,7 +166,11 @@ def build(args: argparse.Namespace, autoscaling: Mapping[str, Any] | None = None
     else:
         deployment["num_replicas"] = args.replicas or 1
     replicas = serve.deployment(name="LinnetReplica", **deployment)(LinnetReplica).bind(options)
-    return LinnetIngress.bind(replicas, args.max_body)  # type: ignore[attr-defined]
+    # The ingress holds each request until its response ends, so its limit (Ray's default is 5) caps the
+    # requests every replica together generates: it takes as many as the most replicas have room for.
+    most = args.max_replicas if args.min_replicas is not None else args.replicas or 1
+    ingress = LinnetIngress.options(max_ongoing_requests=most * deployment["max_ongoing_requests"])  # type: ignore[attr-defined]
+    return ingress.bind(replicas, args.max_body)
 
 
 def router_config(args: argparse.Namespace) -> RequestRouterConfig:

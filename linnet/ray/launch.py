@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -16,7 +17,7 @@ def serve_with_ray(args: argparse.Namespace) -> int:
         import ray
         from ray import serve
 
-        from linnet.ray.deployment import DEFAULT_ROUTER, build, check_scaling
+        from linnet.ray.deployment import DEFAULT_ROUTER, WORKER_ENV, build, check_scaling
     except ModuleNotFoundError as e:
         raise LinnetError(f"--replicas, --ray-address, --router and autoscaling need Ray Serve ({e.name} is not "
                           "installed): pip install 'linnet[ray]'") from None
@@ -26,6 +27,8 @@ def serve_with_ray(args: argparse.Namespace) -> int:
 
         open_model(args.model)
     application = build(args)
+    if args.ray_address is None:  # a Ray of our own: its proxy, which relays every token too, runs as ours do
+        os.environ.update(WORKER_ENV)
     ray.init(address=args.ray_address)  # None: a local Ray instance of this machine's CPUs
     try:
         serve.start(http_options={"host": args.host, "port": args.port})

@@ -48,3 +48,15 @@ def test_scaling_flags_that_cannot_work_are_refused(app_module, capsys, flags, m
     assert main(["serve", "no-such-model", *flags]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and re.search(message, err), err
+
+
+@pytest.mark.parametrize("options, most", [({"replicas": 3}, 3), ({"min_replicas": 1, "max_replicas": 5}, 5)])
+def test_the_ingress_takes_every_request_the_replicas_have_room_for(app_module, options, most):
+    # The ingress holds a request until its response ends: at Ray's default limit (5) it let 5 of 16 rows
+    # generate, and one replica served a third of what linnet serve alone does.
+    ingress = app_module.build(app_module.serve_options({"model": "m", "rows": 8, **options}))._bound_deployment
+    replica = ingress.init_args[0]._bound_deployment
+    assert replica.max_ongoing_requests == 2 * 8
+    assert ingress.max_ongoing_requests == most * replica.max_ongoing_requests
+    for deployment in (ingress, replica):  # the service's own work, not niced below the machine's other work
+        assert deployment.ray_actor_options["runtime_env"]["env_vars"]["RAY_worker_niceness"] == "0"
