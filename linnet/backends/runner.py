@@ -172,6 +172,9 @@ class Runner(ABC):
     # shapes on ONNX Runtime, 2 threads; docs/NOTEBOOK.md, 2026-12-03 20:00). Compiled backends would
     # build another shape for it, so they keep the last token's.
     reads_without_logits: bool = False
+    # whether one ``_forward`` reads several rows' chunks that follow a past (``verify``); where not (ONNX
+    # Runtime's GroupQueryAttention takes several rows of several tokens only without one), a call a row
+    chunks_together: bool = True
     # Set by ``_with_rings``: (slots, window) of each ring cache, the prefill chunk they were sized for
     # (None: no rings), and the bytes of keys and values a cache row holds.
     rings: frozenset[tuple[int, int]] = frozenset()
@@ -354,6 +357,37 @@ class Runner(ABC):
         out = self._prefill_row(row, list(tokens), start, all_logits)
         self.lengths[row] = start + len(tokens)
         return out if all_logits else self._to_host(out)[0, 0]
+
+    def verify(self, chunks: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
+        """Each row's ``chunk`` read at the row's length, and every position's logits [len(chunk), vocab] (host
+        f32): speculative decoding's check of a row's last token and its drafts. The rows go in one call
+        where the backend reads them together (``chunks_together``), the shorter chunks padded to the longest
+        with positions past their own, which the row writes again before any query reads them. The rows'
+        lengths stay: the caller counts the positions it keeps (``Speculator.settle``)."""
+        if not chunks:
+            return {}
+        for row, chunk in chunks.items():
+            self._check_row(row)
+            if not 1 <= len(chunk) <= self.prefill_chunk:
+                raise LinnetError(f"a chunk to verify holds 1 to {self.prefill_chunk} tokens (the prefill chunk), "
+                                  f"got {len(chunk)} for row {row}")
+            self._check_fits(self.lengths[row] + len(chunk))
+            self._check_tokens(chunk)
+        self._check_chunk()
+        width = max(len(chunk) for chunk in chunks.values())
+        together = [row for row in sorted(chunks) if self.lengths[row] + width <= self.cache.positions]
+        out: dict[int, np.ndarray] = {}
+        if self.chunks_together and len(together) > 1:
+            tokens = np.zeros((len(together), width), dtype=np.int64)
+            for i, row in enumerate(together):
+                tokens[i, :len(chunks[row])] = chunks[row]
+            positions = np.array([self.lengths[row] for row in together], dtype=np.int64)[:, None] + np.arange(width)
+            logits = self._to_host(self._forward(tokens, positions, np.array(together, dtype=np.int64), None))
+            out = {row: logits[i, :len(chunks[row])] for i, row in enumerate(together)}
+        for row, chunk in chunks.items():
+            if row not in out:
+                out[row] = self._prefill_row(row, list(chunk), self.lengths[row], all_logits=True)
+        return out
 
     def decode(self, tokens: Sequence[int], active: Sequence[bool] | None = None) -> np.ndarray:
         """One token for every row (inactive rows' tokens are ignored); logits ``[rows, vocab]``."""

@@ -32,6 +32,7 @@ from linnet.bench.serving_servers import (
     JSON_ROWS,
     RAY_ROWS,
     ROUND_ROBIN_ROWS,
+    SPECULATIVE_ROWS,
     TRITON_ROWS,
     NotRunnable,
     Running,
@@ -40,6 +41,7 @@ from linnet.bench.serving_servers import (
     make_server,
     server_ids,
 )
+from linnet.bench.workloads import WORKLOAD_NAMES, workload_prompts
 from linnet.errors import LinnetError
 from linnet.model import open_model, open_spec, resolve
 from linnet.registry.schema import Protocol, Serving
@@ -60,6 +62,9 @@ class ServingProfile:
     shared: int = 0  # tokens every prompt begins with (a system prompt), counted in its length
     turns: int = 1  # a conversation's requests: each later turn's prompt is the previous one's plus turn_tokens
     turn_tokens: tuple[int, int] = (0, 0)  # the least and most tokens a later turn adds
+    # the prompts: "" random token ids; else a workload of ``linnet.bench.workloads`` ("copying": answers that
+    # copy the prompt), its chat prompts in turn, each at most ``prompt_max`` tokens
+    workload: str = ""
 
     def __post_init__(self) -> None:
         if self.turns < 1:
@@ -68,6 +73,9 @@ class ServingProfile:
             raise LinnetError(f"profile {self.name}: {self.requests} requests are not whole conversations of "
                               f"{self.turns} turns: --requests must be a multiple of {self.turns}")
         low, high = self.turn_tokens
+        if self.workload and (self.workload not in WORKLOAD_NAMES or self.turns > 1 or self.shared):
+            raise LinnetError(f"profile {self.name}: a workload is one of {', '.join(WORKLOAD_NAMES)}, in one turn "
+                              "without a shared prefix")
         if self.turns > 1 and not 1 <= low <= high:
             raise LinnetError(f"profile {self.name}: turn_tokens needs 1 <= least <= most, got {self.turn_tokens}")
 
@@ -87,6 +95,10 @@ class ServingProfile:
         return Serving(self.requests, self.prompt_min, self.longest_prompt, self.new_tokens, self.concurrency)
 
     def describe(self) -> str:
+        if self.workload:
+            return (f"{self.requests} requests of the {self.workload} workload's chat prompts in turn (linnet.bench."
+                    f"workloads, at most {self.prompt_max} tokens) and {self.new_tokens} new tokens, at most "
+                    f"{self.concurrency} in flight")
         shared = f" (the first {self.shared} shared by all)" if self.shared else ""
         if self.turns == 1:
             return (f"{self.requests} requests of {self.prompt_min}-{self.prompt_max} prompt tokens{shared} and "
@@ -108,6 +120,10 @@ PROFILES = {p.name: p for p in (
     # same positions; a turn adds the previous answer's worth (64) and a user message of up to 64. 16
     # conversations: all in flight at once (16), and all on one replica would still fit its 16 rows.
     ServingProfile("cpu-turns", 64, 512, 768, 64, 16, turns=4, turn_tokens=(64, 128)),
+    # Answers that copy their prompt (a passage corrected, code edited, a document quoted, fields extracted),
+    # 1 and 4 in flight: where speculative decoding pays (``+ngram`` servers; docs/SPECULATIVE.md)
+    ServingProfile("cpu-copying", 16, 1, 256, 128, 4, workload="copying"),
+    ServingProfile("cpu-copying-1", 8, 1, 256, 128, 1, workload="copying"),
 )}
 
 
@@ -164,14 +180,32 @@ class Prompts:
 
     @classmethod
     def draw(cls, tokenizer: Any, vocab_size: int, profile: ServingProfile) -> Prompts:
-        ids, follows = random_load(vocab_size, profile)
-        warm_up = random_prompts(vocab_size, profile, WARM_UP_SEED)[0]
+        if profile.workload:
+            ids, follows = workload_load(tokenizer, profile), None
+            warm_up = chat_ids(tokenizer, workload_prompts("chat")[0][1], profile)
+        else:
+            ids, follows = random_load(vocab_size, profile)
+            warm_up = random_prompts(vocab_size, profile, WARM_UP_SEED)[0]
         texts = [tokenizer.decode(p, skip_special_tokens=False) for p in [*ids, warm_up]]
         return cls(ids, texts[:-1], warm_up, texts[-1], json_schema_format(tokenizer, profile.new_tokens), follows)
 
     def sent(self, token_ids: bool) -> tuple[list[int] | str, list[list[int]] | list[str]]:
         """The warm-up and the load as a server takes them: token ids, or text."""
         return (self.warm_up_ids, self.ids) if token_ids else (self.warm_up_text, self.texts)
+
+
+def workload_load(tokenizer: Any, profile: ServingProfile) -> list[list[int]]:
+    """The workload's chat prompts as token ids (the model's chat template), in turn up to the profile's requests."""
+    prompts = [chat_ids(tokenizer, text, profile) for _, text in workload_prompts(profile.workload)]
+    return [prompts[i % len(prompts)] for i in range(profile.requests)]
+
+
+def chat_ids(tokenizer: Any, text: str, profile: ServingProfile) -> list[int]:
+    ids: list[int] = tokenizer.encode_chat([{"role": "user", "content": text}])
+    if len(ids) > profile.prompt_max:
+        raise LinnetError(f"profile {profile.name}: a prompt of its workload takes {len(ids)} tokens with this "
+                          f"model's chat template, more than the {profile.prompt_max} it allows")
+    return ids
 
 
 def json_schema_format(tokenizer: Any, new_tokens: int) -> dict[str, Any]:
@@ -329,8 +363,9 @@ def add_comparisons(rows: list[Row]) -> None:
     for row in rows:
         if not row.linnet or row.id not in ran:
             continue
-        # a constrained row against the same server only: against another engine unconstrained it says nothing
-        other = ran.get(same_run_baseline(row.id)) or (None if row.id.startswith(JSON_ROWS) else peer)
+        # a constrained or speculating row against the same server only: against another engine it says nothing
+        other = ran.get(same_run_baseline(row.id)) or (None if row.id.startswith((JSON_ROWS, SPECULATIVE_ROWS))
+                                                        else peer)
         if other is not None:
             ratio = row.measured("serve_tok_s") / other.measured("serve_tok_s")
             row.against = Against(other.id, "serve_tok_s", round(ratio, 3))
@@ -342,7 +377,7 @@ def add_comparisons(rows: list[Row]) -> None:
 
 def same_run_baseline(row_id: str) -> str:
     """The id of the row a row is measured against in the same run; "" for linnet serve alone (a peer)."""
-    for variant in (JSON_ROWS, ROUND_ROBIN_ROWS):  # the same server constrained, or routed in turn
+    for variant in (JSON_ROWS, SPECULATIVE_ROWS, ROUND_ROBIN_ROWS):  # the same server otherwise
         if row_id.startswith(variant):
             return row_id.removeprefix(variant)
     for hosted in (TRITON_ROWS, RAY_ROWS):

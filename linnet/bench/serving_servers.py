@@ -12,7 +12,8 @@ vLLM's CPU build pins its own torch, so it lives in a virtual environment of its
 ``response_format``: the same server under a constrained load, a row of its own beside the unconstrained one.
 ``+round-robin`` after a ray server (``ray:onnx:cpu+round-robin``) routes its replicas' requests in turn
 (``linnet serve --router round-robin``) rather than by prompt prefix: the baseline of prefix-aware routing,
-a row of its own beside the prefix-aware one. The two suffixes go together, in either order.
+a row of its own beside the prefix-aware one. ``+ngram`` after a linnet or ray server speculates (``linnet serve
+--speculate ngram``): a row of its own beside the same server without. The suffixes go together, in any order.
 """
 from __future__ import annotations
 
@@ -35,9 +36,11 @@ import httpx
 from linnet.backends.registry import backend_ids, get_backend
 from linnet.bench.harness import importable_here, worker_environment
 from linnet.bench.serving_client import OPENAI, TRITON
+from linnet.commands._speculate import DRAFT_TOKENS, NGRAM
 from linnet.dtypes import DTYPES
 from linnet.model import open_spec
 from linnet.serve.engine import STEP_PROMPT_TOKENS
+from linnet.serve.speculation import DEFAULT_ROWS
 
 START_TIMEOUT_S = 900.0  # a compiled backend compiles before it listens: minutes on a small CPU
 STOP_TIMEOUT_S = 30.0
@@ -49,6 +52,8 @@ JSON_ROWS = "json-schema:"  # + the unconstrained row's id
 JSON_SUFFIX = "+json"
 ROUND_ROBIN_ROWS = "round-robin:"  # + the prefix-aware row's id
 ROUND_ROBIN_SUFFIX = "+round-robin"
+SPECULATIVE_ROWS = "speculative:"  # + the id of the same server's row without speculation
+SPECULATE_SUFFIX = "+ngram"
 # The usage counts at the end of the stream, which the client needs from every server.
 WITH_USAGE = {"stream_options": {"include_usage": True}}
 # Greedy, every new token whatever it is (vLLM's extension), and the usage counts.
@@ -80,7 +85,7 @@ class Server:
 
 def server_ids(spec: str, replicas: int = 1) -> tuple[str, str, bool]:
     """A server spec's row id, shown name and whether it is Linnet's (known before it starts)."""
-    base, constrained, round_robin = split_suffixes(spec)
+    base, constrained, round_robin, speculate = split_suffixes(spec)
     if base.startswith(("linnet:", "triton:", "ray:")):
         kind, backend = base.split(":", 1)
         if backend not in backend_ids():
@@ -93,34 +98,40 @@ def server_ids(spec: str, replicas: int = 1) -> tuple[str, str, bool]:
             row_id = (ROUND_ROBIN_ROWS if round_robin else "") + RAY_ROWS + backend
             routed = ", round-robin" if round_robin else ""
             name = f"linnet.serve on Ray Serve ({replicas} replica{'s' if replicas > 1 else ''}{routed}), {display}"
+        if speculate:
+            row_id, name = SPECULATIVE_ROWS + row_id, f"{name} (speculative, ngram)"
         return (JSON_ROWS + row_id, f"{name} (JSON schema)", True) if constrained else (row_id, name, True)
     if spec == "transformers":
         return "transformers:serve", "transformers serve", False
     if spec == "vllm":
         return "vllm:serve", "vLLM serve", False
     known = ", ".join(["linnet:BACKEND", "ray:BACKEND", "triton:BACKEND", "transformers", "vllm"])
-    raise NotRunnable(f"unknown server {spec!r} (known: {known}; {JSON_SUFFIX} after a linnet or ray one, "
-                      f"{ROUND_ROBIN_SUFFIX} after a ray one)")
+    raise NotRunnable(f"unknown server {spec!r} (known: {known}; {JSON_SUFFIX} and {SPECULATE_SUFFIX} after a linnet "
+                      f"or ray one, {ROUND_ROBIN_SUFFIX} after a ray one)")
 
 
-def split_suffixes(spec: str) -> tuple[str, bool, bool]:
-    """The spec without its ``+json`` and ``+round-robin`` (either, both, in either order), and whether it
-    had each; refused where unknown, repeated, or on a server that cannot take it."""
+def split_suffixes(spec: str) -> tuple[str, bool, bool, bool]:
+    """The spec without its ``+json``, ``+round-robin`` and ``+ngram`` (any of them, in any order), and whether
+    it had each; refused where unknown, repeated, or on a server that cannot take it."""
     base, *suffixes = spec.split("+")
-    known = (JSON_SUFFIX, ROUND_ROBIN_SUFFIX)
+    known = (JSON_SUFFIX, ROUND_ROBIN_SUFFIX, SPECULATE_SUFFIX)
     for suffix in suffixes:
         if "+" + suffix not in known:
             raise NotRunnable(f"{spec!r}: unknown suffix '+{suffix}' (known: {', '.join(known)})")
     if len(set(suffixes)) < len(suffixes):
         raise NotRunnable(f"{spec!r}: a suffix given twice")
     constrained, round_robin = JSON_SUFFIX[1:] in suffixes, ROUND_ROBIN_SUFFIX[1:] in suffixes
+    speculate = SPECULATE_SUFFIX[1:] in suffixes
+    if speculate and not base.startswith(("linnet:", "ray:")):
+        raise NotRunnable(f"{spec!r}: speculation ({SPECULATE_SUFFIX}) is measured on linnet:BACKEND and ray:BACKEND "
+                          "servers only (linnet serve --speculate ngram)")
     if constrained and not base.startswith(("linnet:", "ray:")):
         raise NotRunnable(f"{spec!r}: the JSON-schema load ({JSON_SUFFIX}) is measured on linnet:BACKEND and "
                           "ray:BACKEND servers only")
     if round_robin and not base.startswith("ray:"):
         raise NotRunnable(f"{spec!r}: round-robin routing ({ROUND_ROBIN_SUFFIX}) is a choice of ray:BACKEND "
                           "servers only (linnet serve --replicas N --router round-robin)")
-    return base, constrained, round_robin
+    return base, constrained, round_robin, speculate
 
 
 def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions: int, rows: int, queue: int,
@@ -132,7 +143,7 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
     env = worker_environment(threads, "inherit")
     address = ["--host", "127.0.0.1", "--port", str(port)]
     if linnet:
-        base, constrained, round_robin = split_suffixes(spec)
+        base, constrained, round_robin, speculate = split_suffixes(spec)
         kind, backend = base.split(":", 1)  # ones server_ids knows
         if kind == "triton":
             return triton_server(row_id, name, backend, model, port, positions, rows, queue, dtype, threads, env)
@@ -145,8 +156,13 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
             notes.append("every request constrained by a JSON schema (response_format) it cannot complete "
                          "within the new tokens")
         scale: list[str] = []
+        if speculate:
+            scale.extend(["--speculate", "ngram"])
+            notes.append(f"speculative decoding by prompt lookup (--speculate ngram: at most {DRAFT_TOKENS} drafts a "
+                         f"step, n-grams of up to {NGRAM} tokens), while at most {DEFAULT_ROWS} rows are busy")
         if kind == "ray":
-            scale, threads = ray_scale(replicas, threads, round_robin, notes)
+            ray_flags, threads = ray_scale(replicas, threads, round_robin, notes)
+            scale += ray_flags
         command = [sys.executable, "-P", "-m", "linnet", "serve", model, "--backend", backend, "--dtype", dtype,
                    "--threads", str(threads), "--rows", str(rows), "--positions", str(positions),
                    "--max-queue", str(queue), *scale, *address]

@@ -9,15 +9,25 @@ from linnet.commands._checks import whole
 from linnet.errors import LinnetError
 from linnet.model import LoadedModel, open_model
 from linnet.sampling import Sampling
+from linnet.serve.speculation import DEFAULT_ROWS, Speculation
 from linnet.speculative import Drafter, DraftModel, PromptLookup, Speculator, check_same_tokenizer
 
 DRAFT_TOKENS, NGRAM = 8, 3
 
 
-def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--speculate", default=None, metavar="ngram|MODEL",
-                        help="speculative decoding, exact: 'ngram' drafts from the prompt and output (prompt "
-                             "lookup), or a draft MODEL of the same tokenizer (docs/SPECULATIVE.md)")
+def add_speculation_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                              serving: bool = False) -> None:
+    """The speculation flags; ``serving``: ``linnet serve``'s, prompt lookup only, used while few rows are busy."""
+    if serving:
+        parser.add_argument("--speculate", default=None, metavar="ngram",
+                            help="speculative decoding, exact: 'ngram' drafts from each request's prompt and output "
+                                 "(prompt lookup), while at most --speculate-rows rows are busy (docs/SPECULATIVE.md)")
+        parser.add_argument("--speculate-rows", type=whole(1), default=None, metavar="N",
+                            help=f"with --speculate: speculate while at most N rows are busy (default: {DEFAULT_ROWS})")
+    else:
+        parser.add_argument("--speculate", default=None, metavar="ngram|MODEL",
+                            help="speculative decoding, exact: 'ngram' drafts from the prompt and output (prompt "
+                                 "lookup), or a draft MODEL of the same tokenizer (docs/SPECULATIVE.md)")
     parser.add_argument("--draft-tokens", type=whole(1), default=None,
                         help=f"with --speculate: the most drafted tokens checked in one call (default: {DRAFT_TOKENS})")
     parser.add_argument("--ngram", type=whole(1), default=None,
@@ -36,6 +46,23 @@ def check_speculation_arguments(args: argparse.Namespace) -> None:
             raise LinnetError(f"{' and '.join(given)} only appl{'y' if len(given) > 1 else 'ies'} with --speculate")
     elif args.speculate != "ngram" and args.ngram is not None:
         raise LinnetError("--ngram applies to --speculate ngram, not to a draft model")
+
+
+def serving_speculation(args: argparse.Namespace) -> Speculation | None:
+    """``linnet serve``'s speculation from its flags, or None; what it cannot do is refused by name."""
+    check_speculation_arguments(args)
+    if args.speculate is None:
+        if args.speculate_rows is not None:
+            raise LinnetError("--speculate-rows only applies with --speculate")
+        return None
+    if args.speculate != "ngram":
+        raise LinnetError(f"linnet serve drafts by prompt lookup only (--speculate ngram), not with a draft model "
+                          f"({args.speculate!r}): a draft model would need cache rows of its own beside the "
+                          "target's; it runs in linnet run and linnet bench")
+    if getattr(args, "num_processes", 1) > 1:
+        raise LinnetError("--speculate does not run with --num-processes: the other processes follow process 0's "
+                          "batched steps only")
+    return Speculation(draft_tokens(args), args.ngram or NGRAM, args.speculate_rows or DEFAULT_ROWS)
 
 
 def make_speculator(args: argparse.Namespace, model: LoadedModel, runner: Runner, sampling: Sampling,

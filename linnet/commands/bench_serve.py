@@ -27,8 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "triton:BACKEND (tritonserver hosting linnet.serve), transformers or vllm (repeatable; "
                              "default: linnet serve's own default backend); +json after a linnet or ray server "
                              "(linnet:onnx:cpu+json) constrains every request by a JSON schema; +round-robin after a "
-                             "ray server routes its replicas' requests in turn, not by prompt prefix; the peers need "
-                             "MODEL as a Hugging Face directory (`linnet export hf`)")
+                             "ray server routes its replicas' requests in turn, not by prompt prefix; +ngram after a "
+                             "linnet or ray server speculates (linnet serve --speculate ngram); the peers need MODEL "
+                             "as a Hugging Face directory (`linnet export hf`)")
     parser.add_argument("--profile", choices=tuple(PROFILES),
                         help="; ".join(f"{p.name}: {p.describe()}" for p in PROFILES.values()))
     parser.add_argument("--requests", type=whole(1), help="requests in all (default: the profile's)")

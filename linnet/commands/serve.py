@@ -19,6 +19,7 @@ from linnet.commands._common import (
     make_runner,
     onnx_when_fastest,
 )
+from linnet.commands._speculate import add_speculation_arguments, serving_speculation
 from linnet.errors import LinnetError
 from linnet.loaded_model import LoadedModel
 from linnet.model import open_model
@@ -53,6 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--drain-timeout", type=whole(0), default=30, metavar="SECONDS",
                         help="on SIGINT or SIGTERM, how long the requests in flight may take to finish; those still "
                         "running then end with an error their clients are sent (default: %(default)s)")
+    add_speculation_arguments(parser.add_argument_group("speculative decoding"), serving=True)
     ray = parser.add_argument_group("replicas through Ray Serve (pip install 'linnet[ray]'; docs/SCALE.md)")
     ray.add_argument("--replicas", type=whole(1), metavar="N",
                      help="serve N replicas of the engine, routed by prompt prefix")
@@ -106,6 +108,7 @@ def open_checked(args: argparse.Namespace) -> LoadedModel:
         raise LinnetError(f"{model.path} has no tokenizer.json; linnet serve needs one")
     check_positions("--positions", args.positions, model.spec)
     check_chat_fits(model.tokenizer, args.positions)
+    serving_speculation(args)  # its flags refused now, before anything loads
     check_cache_memory(model.spec, args.dtype, args.backend, args.rows, args.positions, "--rows or --positions")
     return model
 
@@ -119,7 +122,7 @@ def build_engine(model: LoadedModel, args: argparse.Namespace) -> Engine:
     if getattr(args, "num_processes", 1) > 1:  # process 0 of several: each call the engine makes, every process makes
         runner = cast(Runner, thread.run(lead, runner))
     engine = Engine(runner, model.tokenizer, max_queue=args.max_queue, prefill_tokens=args.prefill_tokens,
-                    thread=thread, prefix_cache=args.prefix_cache)
+                    thread=thread, prefix_cache=args.prefix_cache, speculation=serving_speculation(args))
     try:
         engine.warm_up()
     except BaseException:

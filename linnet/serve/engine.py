@@ -16,7 +16,10 @@ Prefix caching (on unless ``prefix_cache=False``): a freed row keeps the tokens 
 takes the free row holding the longest prefix of its prompt (``Runner.can_keep``: as far as sliding layers'
 ring caches still hold it), reading only the rest; a request that finds none takes, of the rows that do
 not widen the span of the running ones, an empty row, else the row freed longest ago, so that the
-conversations served last keep theirs; a running row is never shared.
+conversations served last keep theirs; a running row is never shared. Where a running row holds a longer
+prefix of the prompt (``SHARED_MIN`` tokens or more), it is copied into the new request's row
+(``Runner.copy_row``), and a request whose prefix a running row is still to read waits for that read to
+copy it: a burst of requests with one system prompt reads it once, not once per request.
 One engine runs one runner, so nothing is reused across models or dtypes.
 
 Choices of one prompt (``submit_choices``: ``n``, ``best_of``) read it once: the first is admitted as any
@@ -49,6 +52,8 @@ from linnet.sampling import Sampling
 from linnet.serve.logits import Constraint, Penalties, RowLogits, TokenLogprob
 from linnet.serve.metrics import Metrics
 from linnet.serve.model_thread import ModelThread
+from linnet.serve.speculation import Speculation, speculates
+from linnet.speculative import Speculator
 from linnet.tokenizer import Tokenizer
 
 log = logging.getLogger("linnet.serve")
@@ -60,6 +65,10 @@ STOP, LENGTH, CANCELLED, ERROR = "stop", "length", "cancelled", "error"
 # last first token of the burst comes sooner, the median one later (SmolLM2, 16 prompts at once: p99
 # 1408 against 1863 ms, p50 1233 against 498; docs/SERVE.md).
 STEP_PROMPT_TOKENS = 2048
+# A prefix a running row holds, or is about to read, is copied into a new request's row rather than read
+# again (``Runner.copy_row``) from this many tokens on: a copy of every layer's keys and values, or a wait
+# for the other row's next prompt call, costs about what reading a few tens of tokens does.
+SHARED_MIN = 64
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -210,6 +219,7 @@ class _Running:
     last: int | None = None  # the last token sampled, fed back in the next step
     sampled: int = 0
     generated: list[int] = field(default_factory=list)  # every token sampled
+    speculator: Speculator | None = None  # with the engine's speculation, once the row first speculates
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # until the first event carries them
 
     def take_prompt_logprobs(self) -> tuple[TokenLogprob, ...]:
@@ -235,7 +245,7 @@ class _Running:
 class Engine:
     def __init__(self, runner: Runner, tokenizer: Tokenizer | None = None, max_queue: int = 256,
                  prefill_tokens: int = STEP_PROMPT_TOKENS, thread: ModelThread | None = None,
-                 prefix_cache: bool = True):
+                 prefix_cache: bool = True, speculation: Speculation | None = None):
         if max_queue < 0:
             raise LinnetError(f"max_queue must not be negative, got {max_queue}")
         if prefill_tokens < 1:
@@ -246,6 +256,9 @@ class Engine:
         self.max_queue = max_queue
         self.prefill_tokens = prefill_tokens  # prompt tokens per step, all rows
         self.prefix_cache = prefix_cache
+        if speculation is not None:
+            speculation.check(runner)
+        self.speculation = speculation
         self._held: list[list[int]] = [[] for _ in range(runner.cache.rows)]  # a free row's tokens, kept warm
         self.metrics = Metrics()
         self._cond = threading.Condition()
@@ -411,18 +424,49 @@ class Engine:
 
     def _admit_waiting(self) -> None:
         """Give each waiting request a free row, in order of arrival, while there are both. A choice waiting to
-        fork from its first choice (``submit_choices``) holds the queue: it would have taken a row now."""
+        fork from its first choice (``submit_choices``) holds the queue: it would have taken a row now; so does
+        a request whose prompt's prefix a running row is about to read (``_shares_unread``), to copy it then."""
         with self._cond:
-            while self._waiting and self._free and not self._stopping and self._waiting[0].leader is None:
+            while (self._waiting and self._free and not self._stopping and self._waiting[0].leader is None
+                   and not self._shares_unread(self._waiting[0])):
                 self._admit(self._waiting.popleft())
 
     def _admit(self, request: Request) -> None:
         row, keep = self._pick_row(request.prompt_ids)
         if request.params.prompt_logprobs is not None:
             keep = 0  # a cached prefix has no logits to score its tokens with
-        self._free.remove(row)
-        self.runner.reset(row, keep)
+        source, shared = self._running_prefix(request)
+        if shared >= SHARED_MIN and shared > keep:  # a running row holds more of it: copied into a spare row
+            row, keep = self._spare_row(), shared
+            self._free.remove(row)
+            self.runner.copy_row(source, row, keep)
+        else:
+            self._free.remove(row)
+            self.runner.reset(row, keep)
         self._running[row] = self._run_in(row, request, keep, keep)
+
+    def _running_prefix(self, request: Request) -> tuple[int, int]:
+        """The running row holding the longest prefix of ``request``'s prompt (its last token always read), and
+        that prefix's length (0: none)."""
+        best = (-1, 0)
+        if self.prefix_cache and request.params.prompt_logprobs is None:
+            for row, run in self._running.items():
+                n = common_prefix(run.written(), request.prompt_ids[:-1])
+                if n > best[1] and self.runner.can_keep(row, n):
+                    best = (row, n)
+        return best
+
+    def _shares_unread(self, request: Request) -> bool:
+        """Whether a running row is still to read at least ``SHARED_MIN`` tokens of a prefix ``request``'s prompt
+        shares with it, and holds less of it than a free row could give: the request waits for that read."""
+        if not self.prefix_cache or request.params.prompt_logprobs is not None:
+            return False
+        prompt = request.prompt_ids[:-1]
+        for run in self._running.values():
+            shared = common_prefix(run.request.prompt_ids, prompt)
+            if shared >= SHARED_MIN and run.fed < shared:
+                return shared > self._pick_row(request.prompt_ids)[1]
+        return False
 
     def _run_in(self, row: int, request: Request, fed: int, cached: int, forked: bool = False,
                 prompt_logprobs: Sequence[TokenLogprob] = ()) -> _Running:
@@ -511,6 +555,9 @@ class Engine:
             budget -= sum(len(p.tokens) for p in group)
             self._admit_waiting()
         decode = [d for run, d in decoding if self._running.get(d.row) is run]
+        if decode and self.speculation is not None and len(self._running) <= self.speculation.rows:
+            verified, decode = self._speculate(decode)
+            sampled += verified
         if decode:
             sampled += self._call(decode=decode)
         now = time.perf_counter()
@@ -549,6 +596,38 @@ class Engine:
             self._advance(self._running[row], result)
         return sampled
 
+    def _speculate(self, decode: list[Decode]) -> tuple[int, list[Decode]]:
+        """Check the drafts of the decoding rows that speculate (``linnet.serve.speculation``) and have some,
+        in one ``Runner.verify``; the tokens it gave, and the rows left to decode as usual."""
+        assert self.speculation is not None
+        proposals, rest = {}, []
+        for d in decode:
+            run = self._running[d.row]
+            params = run.request.params
+            if not speculates(params.sampling, run.control() is not None):
+                rest.append(d)
+                continue
+            if run.speculator is None:
+                run.speculator = self.speculation.speculator(self.runner, d.row, params.sampling)
+            proposal = run.speculator.propose([*run.request.prompt_ids, *run.generated], run.max_tokens - run.sampled)
+            if proposal is None:
+                rest.append(d)
+            else:
+                proposals[d.row] = proposal
+        if not proposals:
+            return 0, decode
+        logits = self.runner.verify({row: [self._running[row].decode(row).token, *p.tokens]
+                                     for row, p in proposals.items()})
+        sampled = 0
+        for row, proposal in proposals.items():
+            run = self._running[row]
+            assert run.speculator is not None
+            tokens = run.speculator.settle(logits[row], proposal)
+            self.metrics.speculated(len(proposal.tokens), len(tokens) - 1)
+            sampled += len(tokens)
+            self._take(run, tokens)
+        return sampled, rest
+
     def _advance(self, run: _Running, result: RowResult) -> None:
         request = run.request
         if result.status == CACHE_FULL:
@@ -559,28 +638,44 @@ class Engine:
         if result.token is None:  # a prompt chunk that is not the last
             return
         token = result.token
-        run.sampled += 1
-        run.generated.append(token)
-        if run.sampled == 1:
-            self.metrics.first_token(time.perf_counter() - request.submitted)
-        run.logits.accept(token)
-        constraint = request.params.constraint
-        if constraint is not None:
-            try:
-                constraint.accept(token)
-            except Exception as e:  # this request's grammar failed: end it, not every row
-                log.exception("a request's constraint failed")
-                return self._end(request, ERROR, f"the output constraint failed: {e}")
-        if token in run.stops:
-            return self._end(request, STOP)
-        run.last = token
-        piece = run.stream.feed(token) if run.stream else ""
         logprobs = () if result.logprob is None else (TokenLogprob(token, result.logprob, tuple(result.top_logprobs)),)
-        if (run.stream and run.stream.stopped) or (constraint is not None and constraint.finished):
-            return self._end(request, STOP, text=piece, tokens=(token,), logprobs=logprobs)
-        if run.sampled == run.max_tokens:
-            return self._end(request, LENGTH, text=piece, tokens=(token,), logprobs=logprobs)
-        self._emit(request, Event(piece, (token,), logprobs=logprobs, prompt_logprobs=run.take_prompt_logprobs()))
+        self._take(run, [token], logprobs)
+
+    def _take(self, run: _Running, tokens: Sequence[int], logprobs: tuple[TokenLogprob, ...] = ()) -> None:
+        """The row's new tokens, in order (one, or a speculated row's kept drafts and its own), sent as one
+        event; the first that ends the request ends it, and the row's length drops what followed it."""
+        request, constraint = run.request, run.request.params.constraint
+        pieces: list[str] = []
+        taken: list[int] = []
+
+        def end(reason: str, error: str = "") -> None:
+            if request.row is not None:  # a speculated row wrote the tokens after this one: not counted
+                self.runner.lengths[request.row] = min(self.runner.lengths[request.row], len(run.written()))
+            self._end(request, reason, error, "".join(pieces), tuple(taken), logprobs if taken else ())
+
+        for token in tokens:
+            run.sampled += 1
+            run.generated.append(token)
+            if run.sampled == 1:
+                self.metrics.first_token(time.perf_counter() - request.submitted)
+            run.logits.accept(token)
+            if constraint is not None:
+                try:
+                    constraint.accept(token)
+                except Exception as e:  # this request's grammar failed: end it, not every row
+                    log.exception("a request's constraint failed")
+                    return end(ERROR, f"the output constraint failed: {e}")
+            if token in run.stops:
+                return end(STOP)
+            run.last = token
+            pieces.append(run.stream.feed(token) if run.stream else "")
+            taken.append(token)
+            if (run.stream and run.stream.stopped) or (constraint is not None and constraint.finished):
+                return end(STOP)
+            if run.sampled == run.max_tokens:
+                return end(LENGTH)
+        self._emit(request, Event("".join(pieces), tuple(taken), logprobs=logprobs,
+                                  prompt_logprobs=run.take_prompt_logprobs()))
 
     def _end(self, request: Request, reason: str, error: str = "", text: str = "",
              tokens: tuple[int, ...] = (), logprobs: tuple[TokenLogprob, ...] = ()) -> None:

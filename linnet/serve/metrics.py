@@ -20,6 +20,8 @@ class Metrics:
         self.forked_tokens = 0
         self.generated_tokens = 0
         self.steps = 0
+        self.drafted_tokens = 0  # speculative decoding: drafts checked, and those kept
+        self.accepted_tokens = 0
         self.step_seconds = 0.0
         self.ttft_buckets = [0] * len(TTFT_BUCKETS)
         self.ttft_sum, self.ttft_count = 0.0, 0
@@ -49,6 +51,11 @@ class Metrics:
             self.cached_tokens += cached_tokens
             self.forked_tokens += forked_tokens
 
+    def speculated(self, drafted: int, accepted: int) -> None:
+        with self._lock:
+            self.drafted_tokens += drafted
+            self.accepted_tokens += accepted
+
     def refuse(self) -> None:
         with self._lock:
             self.refused += 1
@@ -76,6 +83,10 @@ class Metrics:
                 *_metric("linnet_prompt_tokens_forked_total", "counter",
                          "prompt tokens a row copied from another choice's row (n > 1), not read again",
                          self.forked_tokens),
+                *_metric("linnet_speculative_draft_tokens_total", "counter",
+                         "drafted tokens checked (speculative decoding)", self.drafted_tokens),
+                *_metric("linnet_speculative_accepted_tokens_total", "counter",
+                         "drafted tokens kept (speculative decoding)", self.accepted_tokens),
                 *_metric("linnet_steps_total", "counter", "batched model steps", self.steps),
                 *_metric("linnet_step_seconds_total", "counter", "time spent in model steps", self.step_seconds),
                 *_metric("linnet_requests_refused_total", "counter", "requests refused: the queue was full",

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -23,9 +24,11 @@ from linnet.bench.serving import (
     same_run_baseline,
     serving_results,
     serving_rows,
+    workload_load,
 )
 from linnet.bench.serving_client import OPENAI, TRITON, read_chunk
 from linnet.bench.serving_servers import NotRunnable, make_server, server_ids, vllm_kv_cache_bytes
+from linnet.bench.workloads import workload_prompts
 from linnet.cli import build_parser
 from linnet.commands.bench_serve import profile_of
 from linnet.errors import LinnetError
@@ -52,6 +55,35 @@ def test_prompts_are_fixed_and_in_range():
     assert len(prompts) == TINY.requests
     assert all(TINY.prompt_min <= len(p) <= TINY.prompt_max and max(p) < 331 for p in prompts)
     assert len({len(p) for p in prompts}) > 1  # lengths vary
+
+
+def test_the_copying_profiles_send_the_workloads_chat_prompts_in_turn(checkpoint_dir):
+    loaded = open_model(str(checkpoint_dir(CASE)))
+    wide = replace(PROFILES["cpu-copying"], prompt_max=1000)
+    ids = workload_load(loaded.tokenizer, wide)
+    texts = [text for _, text in workload_prompts("copying")]
+    assert len(ids) == wide.requests == 2 * len(texts) and ids[:len(texts)] == ids[len(texts):]
+    assert ids[0] == loaded.tokenizer.encode_chat([{"role": "user", "content": texts[0]}])
+    prompts = Prompts.draw(loaded.tokenizer, loaded.spec.vocab_size, wide)
+    assert prompts.ids == ids and prompts.follows is None and prompts.warm_up_ids not in ids
+    assert (PROFILES["cpu-copying"].concurrency, PROFILES["cpu-copying-1"].concurrency) == (4, 1)
+    with pytest.raises(LinnetError, match="a prompt of its workload takes .* tokens .* more than the 256"):
+        workload_load(loaded.tokenizer, PROFILES["cpu-copying"])  # this tiny tokenizer's tokens are short
+    with pytest.raises(LinnetError, match="a workload is one of"):
+        ServingProfile("bad", 4, 1, 8, 4, 1, workload="poems")
+
+
+def test_a_speculating_row_is_compared_with_the_same_server_without(checkpoint_dir):
+    plain, speculating = serving_rows(str(checkpoint_dir(CASE)), [SERVER, SERVER + "+ngram"], TINY, "f32", 1,
+                                      io.StringIO())
+    assert speculating.not_run is None, speculating.not_run
+    assert (speculating.id, speculating.against.row) == ("speculative:serve:reference:numpy", plain.id)
+    assert speculating.name.endswith("(speculative, ngram)") and "30 tokens returned (6 x 5)" in speculating.notes
+    assert any(n.startswith("speculative decoding by prompt lookup (--speculate ngram") for n in speculating.notes)
+    server = make_server(SERVER + "+ngram", "m", None, 1, 16, 1, 1, 1, "f32", 1)
+    assert server.command[server.command.index("--speculate") + 1] == "ngram"
+    with pytest.raises(NotRunnable, match=r"speculation \(\+ngram\) is measured on linnet:BACKEND and ray"):
+        server_ids("vllm+ngram")
 
 
 def test_the_chat_profile_shares_a_system_prompt():
@@ -239,7 +271,8 @@ def test_a_server_that_cannot_start_is_a_not_run_row(checkpoint_dir):
     assert failed.id == "serve:reference:numpy" and not failed.metrics
     assert failed.not_run.startswith("failed to start (exit 2)") and "--positions 300" in failed.not_run
     assert unknown.not_run == ("unknown server 'bogus' (known: linnet:BACKEND, ray:BACKEND, triton:BACKEND, "
-                               "transformers, vllm; +json after a linnet or ray one, +round-robin after a ray one)")
+                               "transformers, vllm; +json and +ngram after a linnet or ray one, +round-robin after "
+                               "a ray one)")
 
 
 def test_a_json_schema_row_returns_every_token_and_is_compared_with_the_same_server(checkpoint_dir):
@@ -299,7 +332,8 @@ def test_a_round_robin_ray_server_is_a_row_of_its_own_beside_the_prefix_aware_on
     assert same_run_baseline("json-schema:round-robin:ray:serve:onnx:cpu") == "round-robin:ray:serve:onnx:cpu"
     for spec, message in (("linnet:reference:numpy+round-robin", "round-robin routing .* ray:BACKEND servers only"),
                           ("vllm+round-robin", "round-robin routing .* ray:BACKEND servers only"),
-                          ("ray:reference:numpy+random", r"unknown suffix '\+random' \(known: \+json, \+round-robin\)"),
+                          ("ray:reference:numpy+random",
+                           r"unknown suffix '\+random' \(known: \+json, \+round-robin, \+ngram\)"),
                           ("ray:reference:numpy+round-robin+round-robin", "a suffix given twice")):
         with pytest.raises(NotRunnable, match=message):
             server_ids(spec)

@@ -3,6 +3,7 @@ rest, giving the tokens it gives read whole; sliding layers' rings keep a prefix
 key the rest reads; a row is never shared between requests in flight."""
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -14,6 +15,7 @@ from linnet.backends import CacheShape, create_runner
 from linnet.backends.registry import get_backend
 from linnet.model import open_model
 from linnet.serve import Engine, Params
+from linnet.serve.engine import SHARED_MIN
 
 BACKEND = "reference:numpy"
 # the engine's tests also run where a row's cache is laid out otherwise (ONNX Runtime's windows of host rows)
@@ -83,6 +85,38 @@ def test_requests_in_flight_never_share_a_row(checkpoint_dir):
     assert sorted(r.row for r in requests) == [0, 1, 2]
     assert [r.cached_tokens for r in got] == [len(system), 0, 0]
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_burst_sharing_a_long_prefix_reads_it_once(checkpoint_dir, backend):
+    """Three requests with one system prompt of SHARED_MIN tokens or more, submitted together into empty rows:
+    the first reads it, the others wait for that read and copy it into rows of their own; then a request
+    that comes while they run copies it from a running row. Each gives the tokens it gives read whole."""
+    model = open_model(str(checkpoint_dir(CASE)))
+    system = prompt(SHARED_MIN + 6, 60)
+    prompts = [system + prompt(3 + i, 70 + i) for i in range(4)]
+    with engines(model, CacheShape(4, 128), backend) as (cached, plain):
+        want = in_turn(plain, prompts, new=6)
+        with cached._cond:  # submitted together: none holds the system prompt yet
+            requests = [cached.submit(p, Params(max_tokens=50, ignore_eos=True)) for p in prompts[:3]]
+        while not cached.metrics.generated_tokens:  # they run
+            time.sleep(0.01)
+        late = cached.submit(prompts[3], Params(max_tokens=6, ignore_eos=True))
+        got = [r.result() for r in [*requests, late]]
+    assert sorted(r.row for r in [*requests, late]) == [0, 1, 2, 3]
+    assert [r.cached_tokens for r in got] == [0] + [len(system)] * 3
+    assert cached.metrics.prompt_tokens == sum(map(len, prompts)) - 3 * len(system)
+    assert [r.token_ids[:6] for r in got] == [r.token_ids for r in want]
+
+
+def test_a_short_shared_prefix_is_read_again_rather_than_waited_for(checkpoint_dir):
+    model = open_model(str(checkpoint_dir(CASE)))
+    system = prompt(SHARED_MIN - 1, 61)
+    prompts = [system + prompt(3 + i, 80 + i) for i in range(2)]
+    with engines(model, CacheShape(2, 128)) as (cached, _):
+        with cached._cond:
+            requests = [cached.submit(p, Params(max_tokens=4, ignore_eos=True)) for p in prompts]
+        assert [r.result().cached_tokens for r in requests] == [0, 0]
 
 
 def test_a_request_without_a_prefix_spares_the_rows_freed_last(checkpoint_dir):

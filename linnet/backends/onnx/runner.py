@@ -105,6 +105,7 @@ class OnnxRunner(Runner):
         self.reads_without_logits = mode == "cpu"
         self.device = DEVICES[mode]
         self.options = graph_options(mode, dtype, weights.spec, cache)
+        self.chunks_together = self.options.attention != "gqa"  # ``Runner.verify``: see ``_forward``
         if quantize is None:
             quantize = "gguf" if mode == "cpu" else "none"
         if quantize not in ("none", "gguf"):

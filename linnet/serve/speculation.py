@@ -1,0 +1,48 @@
+"""Speculative decoding in the serving engine: the server-wide setting and which rows it applies to.
+
+While few rows are busy a step is bound by reading the weights, not by arithmetic, so checking a row's
+drafted tokens in the same pass costs next to nothing and each kept draft is a token for free. Past
+``rows`` busy rows the batched decode step already shares each read of the weights among them, and the
+engine decodes as without speculation. Only prompt lookup drafts here: a draft model would need rows of
+its own kept beside the target's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from linnet.backends.runner import Runner
+from linnet.errors import LinnetError
+from linnet.sampling import Sampling
+from linnet.speculative import PromptLookup, Speculator
+from linnet.speculative.speculator import check_draft_tokens
+
+DEFAULT_ROWS = 4  # the decode-heavy load the issue sizes it for: 1-4 requests in flight
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Prompt lookup of n-grams up to ``ngram`` tokens, at most ``draft_tokens`` drafts a row a step, used
+    while at most ``rows`` rows are busy."""
+
+    draft_tokens: int = 8
+    ngram: int = 3
+    rows: int = DEFAULT_ROWS
+
+    def __post_init__(self) -> None:
+        if self.draft_tokens < 1 or self.ngram < 1 or self.rows < 1:
+            raise LinnetError(f"speculation needs at least one draft token, n-gram token and row, got "
+                              f"{self.draft_tokens}, {self.ngram} and {self.rows}")
+
+    def check(self, runner: Runner) -> None:
+        check_draft_tokens(self.draft_tokens, runner)
+
+    def speculator(self, runner: Runner, row: int, sampling: Sampling) -> Speculator:
+        return Speculator(runner, PromptLookup(self.ngram), self.draft_tokens, sampling, row)
+
+
+def speculates(sampling: Sampling, adjusts_or_reports: bool) -> bool:
+    """Whether a row of this sampling speculates: not where its logits are worked on or reported on the host
+    (a grammar, penalties, ``logit_bias``, ``min_tokens``, logprobs: ``Control``), and not with a seed, which
+    must reproduce the same tokens whether or not the server was busy enough to speculate (the rule draws
+    from its own stream)."""
+    return not adjusts_or_reports and (sampling.greedy or sampling.seed is None)
