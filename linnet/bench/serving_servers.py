@@ -40,7 +40,7 @@ from linnet.commands._speculate import DRAFT_TOKENS, NGRAM
 from linnet.dtypes import DTYPES
 from linnet.model import open_spec
 from linnet.serve.engine import STEP_PROMPT_TOKENS
-from linnet.serve.speculation import DEFAULT_ROWS
+from linnet.serve.speculation import DEFAULT_ROWS, DEFAULT_ROWS_A_CALL_EACH
 
 START_TIMEOUT_S = 900.0  # a compiled backend compiles before it listens: minutes on a small CPU
 STOP_TIMEOUT_S = 30.0
@@ -159,7 +159,8 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
         if speculate:
             scale.extend(["--speculate", "ngram"])
             notes.append(f"speculative decoding by prompt lookup (--speculate ngram: at most {DRAFT_TOKENS} drafts a "
-                         f"step, n-grams of up to {NGRAM} tokens), while at most {DEFAULT_ROWS} rows are busy")
+                         f"step, n-grams of up to {NGRAM} tokens), while at most {DEFAULT_ROWS} rows are busy "
+                         f"({DEFAULT_ROWS_A_CALL_EACH} on onnx, which checks a row's drafts a call)")
         if kind == "ray":
             ray_flags, threads = ray_scale(replicas, threads, round_robin, notes)
             scale += ray_flags

@@ -9,7 +9,7 @@ from linnet.commands._checks import whole
 from linnet.errors import LinnetError
 from linnet.model import LoadedModel, open_model
 from linnet.sampling import Sampling
-from linnet.serve.speculation import DEFAULT_ROWS, Speculation
+from linnet.serve.speculation import DEFAULT_ROWS, DEFAULT_ROWS_A_CALL_EACH, Speculation
 from linnet.speculative import Drafter, DraftModel, PromptLookup, Speculator, check_same_tokenizer
 
 DRAFT_TOKENS, NGRAM = 8, 3
@@ -23,7 +23,8 @@ def add_speculation_arguments(parser: argparse.ArgumentParser | argparse._Argume
                             help="speculative decoding, exact: 'ngram' drafts from each request's prompt and output "
                                  "(prompt lookup), while at most --speculate-rows rows are busy (docs/SPECULATIVE.md)")
         parser.add_argument("--speculate-rows", type=whole(1), default=None, metavar="N",
-                            help=f"with --speculate: speculate while at most N rows are busy (default: {DEFAULT_ROWS})")
+                            help=f"with --speculate: speculate while at most N rows are busy (default: {DEFAULT_ROWS}, "
+                                 f"or {DEFAULT_ROWS_A_CALL_EACH} on a backend that checks a row's drafts a call: onnx)")
     else:
         parser.add_argument("--speculate", default=None, metavar="ngram|MODEL",
                             help="speculative decoding, exact: 'ngram' drafts from the prompt and output (prompt "
@@ -62,7 +63,7 @@ def serving_speculation(args: argparse.Namespace) -> Speculation | None:
     if getattr(args, "num_processes", 1) > 1:
         raise LinnetError("--speculate does not run with --num-processes: the other processes follow process 0's "
                           "batched steps only")
-    return Speculation(draft_tokens(args), args.ngram or NGRAM, args.speculate_rows or DEFAULT_ROWS)
+    return Speculation(draft_tokens(args), args.ngram or NGRAM, args.speculate_rows)
 
 
 def make_speculator(args: argparse.Namespace, model: LoadedModel, runner: Runner, sampling: Sampling,

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from linnet.errors import LinnetError
 from linnet.ray.replica import Forwarded, LinnetReplica
@@ -88,6 +88,16 @@ class LinnetIngress:
             return Relayed(start, answer)
         return JSONResponse(error_body(f"no replica could answer: {type(failure).__name__}", "server_error"),
                             status_code=503)
+
+
+@serve.ingress()
+class ServedReplica(LinnetReplica):
+    """One replica with no router before it (``--replicas 1``, not autoscaling): Ray's HTTP proxy hands it
+    each request, and it runs ``linnet serve``'s app on it, without the ingress's hop for every streamed
+    token (which cost a quarter of the throughput on 2 cores; docs/SCALE.md)."""
+
+    def __serve_build_asgi_app__(self) -> ASGIApp:
+        return self.served
 
 
 class Relayed(Response):
@@ -165,6 +175,9 @@ def build(args: argparse.Namespace, autoscaling: Mapping[str, Any] | None = None
                                             "target_ongoing_requests": args.rows, **(autoscaling or {})}
     else:
         deployment["num_replicas"] = args.replicas or 1
+    if deployment.get("num_replicas") == 1:  # nothing to route: the replica takes HTTP from Ray's proxy itself
+        del deployment["request_router_config"]
+        return serve.deployment(name="LinnetReplica", **deployment)(ServedReplica).bind(options)
     replicas = serve.deployment(name="LinnetReplica", **deployment)(LinnetReplica).bind(options)
     # The ingress holds each request until its response ends, so its limit (Ray's default is 5) caps the
     # requests every replica together generates: it takes as many as the most replicas have room for.

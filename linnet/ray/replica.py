@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from linnet.serve.engine import Engine
 
 REPLICA_HEADER = b"x-linnet-replica"
@@ -40,16 +42,16 @@ class LinnetReplica:
     """The replica deployment's class (``linnet.ray.deployment`` wraps it in ``serve.deployment``)."""
 
     def __init__(self, options: dict[str, Any]):
+        from ray import serve
+
         from linnet.serve.app import create_app
 
         args = argparse.Namespace(**options)
         self.engine = load_engine(args)
-        self.app = create_app(self.engine, args.name or args.model, args.api_key, max_body=args.max_body)
-        self.engine.start()  # what the app's lifespan would do; the ingress, not uvicorn, drives this app
-        from ray import serve
-
         # each response names its replica (x-linnet-replica): which one served what, for people and tests
-        self.tag = serve.get_replica_context().replica_id.unique_id.encode()
+        tag = serve.get_replica_context().replica_id.unique_id.encode()
+        self.served = tagged(create_app(self.engine, args.name or args.model, args.api_key, max_body=args.max_body), tag)
+        self.engine.start()  # what the app's lifespan would do; Ray, not uvicorn, drives this app
 
     async def forward(self, request: Forwarded) -> AsyncIterator[MutableMapping[str, Any]]:
         """Run ``request`` through the app; yield its ASGI send messages (the response start, then the body)."""
@@ -72,14 +74,12 @@ class LinnetReplica:
                  "method": request.method, "scheme": "http", "path": request.path,
                  "raw_path": request.path.encode(), "query_string": request.query_string, "root_path": "",
                  "headers": request.headers, "client": None, "server": None, "state": {}}
-        task = asyncio.create_task(self.app(scope, receive, send))
+        task = asyncio.ensure_future(self.served(scope, receive, send))
         task.add_done_callback(lambda _: messages.put_nowait(None))
         try:
             ended = False
             while not ended and (message := await messages.get()) is not None:
-                if message["type"] == "http.response.start":
-                    message = {**message, "headers": [*message.get("headers", []), (REPLICA_HEADER, self.tag)]}
-                elif message["type"] == "http.response.body":
+                if message["type"] == "http.response.body":
                     # the body parts that came while the last one was relayed go as one: a Ray call a part cost
                     # more than a tiny model's decode step, and the stream fell behind the engine
                     parts, more = [message.get("body", b"")], message.get("more_body", False)
@@ -106,3 +106,16 @@ class LinnetReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.stop()
+
+
+def tagged(app: ASGIApp, tag: bytes) -> ASGIApp:
+    """``app`` with ``x-linnet-replica: tag`` on every response."""
+    async def with_tag(scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_tagged(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (REPLICA_HEADER, tag)]}
+            await send(message)
+
+        await app(scope, receive, send_tagged)
+
+    return with_tag

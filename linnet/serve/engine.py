@@ -555,7 +555,7 @@ class Engine:
             budget -= sum(len(p.tokens) for p in group)
             self._admit_waiting()
         decode = [d for run, d in decoding if self._running.get(d.row) is run]
-        if decode and self.speculation is not None and len(self._running) <= self.speculation.rows:
+        if decode and self.speculation is not None and len(self._running) <= self.speculation.busy_rows(self.runner):
             verified, decode = self._speculate(decode)
             sampled += verified
         if decode:

@@ -16,25 +16,35 @@ from linnet.sampling import Sampling
 from linnet.speculative import PromptLookup, Speculator
 from linnet.speculative.speculator import check_draft_tokens
 
-DEFAULT_ROWS = 4  # the decode-heavy load the issue sizes it for: 1-4 requests in flight
+# Busy rows up to which rows speculate, by default: 4 where one call checks every row's drafts (1-4
+# requests in flight, where the step is bound by reading the weights); 1 where the backend checks a row a
+# call (ONNX Runtime's GQA): there each speculating row reads the weights once more, and 4 copying requests
+# ran at 0.53x of the batched decode step (SmolLM2 f32, 2 threads, 2026-12-06; docs/SPECULATIVE.md).
+DEFAULT_ROWS, DEFAULT_ROWS_A_CALL_EACH = 4, 1
 
 
 @dataclass(frozen=True)
 class Speculation:
     """Prompt lookup of n-grams up to ``ngram`` tokens, at most ``draft_tokens`` drafts a row a step, used
-    while at most ``rows`` rows are busy."""
+    while at most ``rows`` rows are busy (None: ``busy_rows``' default for the runner)."""
 
     draft_tokens: int = 8
     ngram: int = 3
-    rows: int = DEFAULT_ROWS
+    rows: int | None = None
 
     def __post_init__(self) -> None:
-        if self.draft_tokens < 1 or self.ngram < 1 or self.rows < 1:
+        if self.draft_tokens < 1 or self.ngram < 1 or (self.rows is not None and self.rows < 1):
             raise LinnetError(f"speculation needs at least one draft token, n-gram token and row, got "
                               f"{self.draft_tokens}, {self.ngram} and {self.rows}")
 
     def check(self, runner: Runner) -> None:
         check_draft_tokens(self.draft_tokens, runner)
+
+    def busy_rows(self, runner: Runner) -> int:
+        """The most busy rows at which rows speculate on ``runner``."""
+        if self.rows is not None:
+            return self.rows
+        return DEFAULT_ROWS if runner.chunks_together else DEFAULT_ROWS_A_CALL_EACH
 
     def speculator(self, runner: Runner, row: int, sampling: Sampling) -> Speculator:
         return Speculator(runner, PromptLookup(self.ngram), self.draft_tokens, sampling, row)

@@ -60,3 +60,12 @@ def test_the_ingress_takes_every_request_the_replicas_have_room_for(app_module, 
     assert ingress.max_ongoing_requests == most * replica.max_ongoing_requests
     for deployment in (ingress, replica):  # the service's own work, not niced below the machine's other work
         assert deployment.ray_actor_options["runtime_env"]["env_vars"]["RAY_worker_niceness"] == "0"
+
+
+def test_one_replica_not_autoscaled_takes_http_without_the_ingress(app_module):
+    # nothing to route: the ingress's hop for every streamed token would be pure cost
+    alone = app_module.build(app_module.serve_options({"model": "m", "rows": 8}))._bound_deployment
+    assert alone.func_or_class is app_module.ServedReplica and alone.max_ongoing_requests == 2 * 8
+    for options in ({"replicas": 2}, {"min_replicas": 1, "max_replicas": 1}):
+        routed = app_module.build(app_module.serve_options({"model": "m", **options}))._bound_deployment
+        assert routed.name == "LinnetIngress"

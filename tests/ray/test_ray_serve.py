@@ -111,6 +111,25 @@ def test_greedy_answers_equal_linnet_serves_streamed_or_not(endpoint, plain, mod
     assert bad.status_code == 400 and "max_tokens" in bad.text
 
 
+def test_one_replica_answers_as_linnet_serve_without_the_ingress(endpoint, plain, model_path):
+    """One replica, nothing to route: Ray's proxy hands it the requests itself, here under a route prefix."""
+    arguments = {"model": model_path, **{k: str(v) for k, v in SETTINGS.items()}}
+    serve.run(build(serve_options(arguments)), name="one", route_prefix="/one")
+    try:
+        url = endpoint + "/one"
+        prompt = "over the lazy dog. The quick"
+        got, want = (client(u).completions.create(model=model_path, prompt=prompt, max_tokens=8, temperature=0)
+                     .choices[0].text for u in (url, plain))
+        assert got == want
+        streamed = "".join(c.choices[0].text for c in client(url).completions.create(
+            model=model_path, prompt=prompt, max_tokens=8, temperature=0, stream=True) if c.choices)
+        assert streamed == want
+        answer = completion(url, model_path, prompt)
+        assert answer.status_code == 200 and answer.headers["x-linnet-replica"]
+    finally:
+        serve.delete("one")
+
+
 def test_both_replicas_take_requests(endpoint, model_path):
     async def burst() -> set[str]:
         async with httpx.AsyncClient(timeout=60) as http:

@@ -98,3 +98,12 @@ def test_more_drafts_than_a_chunk_holds_are_refused(model):
     runner = runner_for(model, "reference:numpy", rows=1)
     with pytest.raises(LinnetError, match="--draft-tokens must be 1 to"):
         Engine(runner, model.tokenizer, speculation=Speculation(draft_tokens=runner.prefill_chunk))
+
+
+def test_by_default_a_backend_that_checks_a_row_a_call_speculates_alone(model):
+    """Where each speculating row costs a pass over the weights (ONNX Runtime's GQA), only one busy row
+    speculates; where one call checks them all, up to four."""
+    assert Speculation().busy_rows(runner_for(model, "reference:numpy", rows=4)) == 4
+    onnx = runner_for(model, "onnx:cpu", rows=4)
+    assert not onnx.chunks_together and Speculation().busy_rows(onnx) == 1
+    assert Speculation(rows=3).busy_rows(onnx) == 3
