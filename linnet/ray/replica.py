@@ -50,7 +50,8 @@ class LinnetReplica:
         self.engine = load_engine(args)
         # each response names its replica (x-linnet-replica): which one served what, for people and tests
         tag = serve.get_replica_context().replica_id.unique_id.encode()
-        self.served = tagged(create_app(self.engine, args.name or args.model, args.api_key, max_body=args.max_body), tag)
+        app = create_app(self.engine, args.name or args.model, args.api_key, max_body=args.max_body)
+        self.served = tagged(app, tag)
         self.engine.start()  # what the app's lifespan would do; Ray, not uvicorn, drives this app
 
     async def forward(self, request: Forwarded) -> AsyncIterator[MutableMapping[str, Any]]:
