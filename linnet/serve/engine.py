@@ -436,7 +436,7 @@ class Engine:
         if request.params.prompt_logprobs is not None:
             keep = 0  # a cached prefix has no logits to score its tokens with
         source, shared = self._running_prefix(request)
-        if shared >= SHARED_MIN and shared > keep:  # a running row holds more of it: copied into a spare row
+        if shared - keep >= SHARED_MIN:  # a running row holds more of it: copied into a spare row
             row, keep = self._spare_row(), shared
             self._free.remove(row)
             self.runner.copy_row(source, row, keep)
@@ -457,16 +457,17 @@ class Engine:
         return best
 
     def _shares_unread(self, request: Request) -> bool:
-        """Whether a running row is still to read at least ``SHARED_MIN`` tokens of a prefix ``request``'s prompt
-        shares with it, and holds less of it than a free row could give: the request waits for that read."""
+        """Whether a running row is still to read a prefix of ``request``'s prompt at least ``SHARED_MIN`` tokens
+        longer than any row holds now: the request waits for that read, to copy it."""
         if not self.prefix_cache or request.params.prompt_logprobs is not None:
             return False
         prompt = request.prompt_ids[:-1]
-        for run in self._running.values():
-            shared = common_prefix(run.request.prompt_ids, prompt)
-            if shared >= SHARED_MIN and run.fed < shared:
-                return shared > self._pick_row(request.prompt_ids)[1]
-        return False
+        coming = max((shared for run in self._running.values()
+                      if run.fed < (shared := common_prefix(run.request.prompt_ids, prompt))), default=0)
+        if coming < SHARED_MIN:
+            return False
+        held = max(self._pick_row(request.prompt_ids)[1], self._running_prefix(request)[1])
+        return coming - held >= SHARED_MIN
 
     def _run_in(self, row: int, request: Request, fed: int, cached: int, forked: bool = False,
                 prompt_logprobs: Sequence[TokenLogprob] = ()) -> _Running:
