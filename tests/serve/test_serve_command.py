@@ -87,6 +87,11 @@ def test_the_default_model_serves_with_no_model_argument():
 @pytest.mark.parametrize("args,message", [
     (["--positions", "100000"], "linnet: error: --positions 100000 is more than the model's 256"),
     (["--rows", "0"], "linnet: error: argument --rows: must be at least 1, got 0"),
+    (["--positions", "64", "--speculate", "other-model"],
+     "linnet: error: linnet serve drafts by prompt lookup only (--speculate ngram)"),
+    (["--positions", "64", "--speculate-rows", "2"], "linnet: error: --speculate-rows only applies with --speculate"),
+    (["--positions", "64", "--speculate", "ngram", "--draft-tokens", "999"],
+     "linnet: error: --draft-tokens must be 1 to"),
 ])
 def test_usage_mistakes_are_one_line(checkpoint_dir, args, message):
     done = subprocess.run([sys.executable, "-m", "linnet", "serve", str(checkpoint_dir(CASE)), *args],
