@@ -36,11 +36,12 @@ import httpx
 from linnet.backends.registry import backend_ids, get_backend
 from linnet.bench.harness import importable_here, worker_environment
 from linnet.bench.serving_client import OPENAI, TRITON
-from linnet.commands._speculate import DRAFT_TOKENS, NGRAM
 from linnet.dtypes import DTYPES
 from linnet.model import open_spec
 from linnet.serve.engine import STEP_PROMPT_TOKENS
 from linnet.serve.speculation import DEFAULT_ROWS, DEFAULT_ROWS_A_CALL_EACH
+from linnet.speculative.ngram import NGRAM
+from linnet.speculative.speculator import DRAFT_TOKENS
 
 START_TIMEOUT_S = 900.0  # a compiled backend compiles before it listens: minutes on a small CPU
 STOP_TIMEOUT_S = 30.0

@@ -11,8 +11,8 @@ from linnet.model import LoadedModel, open_model
 from linnet.sampling import Sampling
 from linnet.serve.speculation import DEFAULT_ROWS, DEFAULT_ROWS_A_CALL_EACH, Speculation
 from linnet.speculative import Drafter, DraftModel, PromptLookup, Speculator, check_same_tokenizer
-
-DRAFT_TOKENS, NGRAM = 8, 3
+from linnet.speculative.ngram import NGRAM
+from linnet.speculative.speculator import DRAFT_TOKENS
 
 
 def add_speculation_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup,

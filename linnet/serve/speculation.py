@@ -14,7 +14,8 @@ from linnet.backends.runner import Runner
 from linnet.errors import LinnetError
 from linnet.sampling import Sampling
 from linnet.speculative import PromptLookup, Speculator
-from linnet.speculative.speculator import check_draft_tokens
+from linnet.speculative.ngram import NGRAM
+from linnet.speculative.speculator import DRAFT_TOKENS, check_draft_tokens
 
 # Busy rows up to which rows speculate, by default: 4 where one call checks every row's drafts (1-4
 # requests in flight, where the step is bound by reading the weights); 1 where the backend checks a row a
@@ -28,8 +29,8 @@ class Speculation:
     """Prompt lookup of n-grams up to ``ngram`` tokens, at most ``draft_tokens`` drafts a row a step, used
     while at most ``rows`` rows are busy (None: ``busy_rows``' default for the runner)."""
 
-    draft_tokens: int = 8
-    ngram: int = 3
+    draft_tokens: int = DRAFT_TOKENS
+    ngram: int = NGRAM
     rows: int | None = None
 
     def __post_init__(self) -> None:

@@ -10,6 +10,8 @@ from linnet.errors import LinnetError
 from linnet.sampling import Sampling
 from linnet.speculative.proposal import Proposal
 
+NGRAM = 3  # the longest n-gram looked up, by default
+
 
 class PromptLookup:
     """The longest of the row's last ``n``..1 tokens that occurred earlier in its prompt or output proposes
@@ -18,7 +20,7 @@ class PromptLookup:
 
     name = "ngram"
 
-    def __init__(self, n: int = 3):
+    def __init__(self, n: int = NGRAM):
         if n < 1:
             raise LinnetError(f"the prompt lookup's n-gram needs at least 1 token, got {n}")
         self.n = n

@@ -9,6 +9,8 @@ from linnet.sampling import Sampling
 from linnet.speculative.proposal import Drafter, Proposal
 from linnet.speculative.rejection import verify
 
+DRAFT_TOKENS = 8  # the most drafts checked in one call, by default
+
 
 class Speculator:
     """Advances ``row`` of the target ``runner`` by several tokens a model call where the drafts agree.
