@@ -102,13 +102,13 @@ def load_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
 
 def open_checked(args: argparse.Namespace) -> LoadedModel:
     """The model ``args`` name, with the flags checked against it (the default backend filled in)."""
+    serving_speculation(args)  # its flags refused first, before anything loads or warns
     args.backend = args.backend or default_backend(args.dtype)
     model = open_model(args.model)
     if model.tokenizer is None:
         raise LinnetError(f"{model.path} has no tokenizer.json; linnet serve needs one")
     check_positions("--positions", args.positions, model.spec)
     check_chat_fits(model.tokenizer, args.positions)
-    serving_speculation(args)  # its flags refused now, before anything loads
     check_cache_memory(model.spec, args.dtype, args.backend, args.rows, args.positions, "--rows or --positions")
     return model
 
