@@ -94,7 +94,7 @@ class LinnetIngress:
 class ServedReplica(LinnetReplica):
     """One replica with no router before it (``--replicas 1``, not autoscaling): Ray's HTTP proxy hands it
     each request, and it runs ``linnet serve``'s app on it: one Ray call a streamed token fewer than through
-    the ingress (0.81x against 0.71x of ``linnet serve`` alone on 2 cores; docs/SCALE.md)."""
+    the ingress (what that is worth: docs/SCALE.md)."""
 
     def __serve_build_asgi_app__(self) -> ASGIApp:
         return self.served

@@ -19,8 +19,8 @@ from linnet.speculative.speculator import DRAFT_TOKENS, check_draft_tokens
 
 # Busy rows up to which rows speculate, by default: 4 where one call checks every row's drafts (1-4
 # requests in flight, where the step is bound by reading the weights); 1 where the backend checks a row a
-# call (ONNX Runtime's GQA): there each speculating row reads the weights once more, and 4 copying requests
-# ran at 0.53x of the batched decode step (SmolLM2 f32, 2 threads, 2026-12-06; docs/SPECULATIVE.md).
+# call (ONNX Runtime's GQA): there each speculating row reads the weights once more, and four copying
+# requests speculating ran at half the batched decode step's speed (docs/SPECULATIVE.md).
 DEFAULT_ROWS, DEFAULT_ROWS_A_CALL_EACH = 4, 1
 
 
