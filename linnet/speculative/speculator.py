@@ -39,9 +39,7 @@ class Speculator:
         proposal = self.propose(context, room)
         if proposal is None:
             return None
-        logits = self.runner.prefill(self.row, [context[-1], *proposal.tokens], start=self.runner.lengths[self.row],
-                                     all_logits=True)
-        return self.settle(logits, proposal)
+        return self.settle(self.runner.verify({self.row: [context[-1], *proposal.tokens]})[self.row], proposal)
 
     def propose(self, context: list[int], room: int) -> Proposal | None:
         """The drafts to check after ``context`` (the row's tokens; its last is not yet in the cache), leaving
