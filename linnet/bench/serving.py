@@ -41,7 +41,7 @@ from linnet.bench.serving_servers import (
     make_server,
     server_ids,
 )
-from linnet.bench.workloads import WORKLOAD_NAMES, workload_prompts
+from linnet.bench.workloads import WORKLOAD_NAMES, chat_ids, workload_prompts
 from linnet.errors import LinnetError
 from linnet.model import open_model, open_spec, resolve
 from linnet.registry.schema import Protocol, Serving
@@ -182,7 +182,7 @@ class Prompts:
     def draw(cls, tokenizer: Any, vocab_size: int, profile: ServingProfile) -> Prompts:
         if profile.workload:
             ids, follows = workload_load(tokenizer, profile), None
-            warm_up = chat_ids(tokenizer, workload_prompts("chat")[0][1], profile)
+            warm_up = fitting_chat_ids(tokenizer, workload_prompts("chat")[0][1], profile)
         else:
             ids, follows = random_load(vocab_size, profile)
             warm_up = random_prompts(vocab_size, profile, WARM_UP_SEED)[0]
@@ -196,12 +196,13 @@ class Prompts:
 
 def workload_load(tokenizer: Any, profile: ServingProfile) -> list[list[int]]:
     """The workload's chat prompts as token ids (the model's chat template), in turn up to the profile's requests."""
-    prompts = [chat_ids(tokenizer, text, profile) for _, text in workload_prompts(profile.workload)]
+    prompts = [fitting_chat_ids(tokenizer, text, profile) for _, text in workload_prompts(profile.workload)]
     return [prompts[i % len(prompts)] for i in range(profile.requests)]
 
 
-def chat_ids(tokenizer: Any, text: str, profile: ServingProfile) -> list[int]:
-    ids: list[int] = tokenizer.encode_chat([{"role": "user", "content": text}])
+def fitting_chat_ids(tokenizer: Any, text: str, profile: ServingProfile) -> list[int]:
+    """``chat_ids``, refused where longer than the profile's prompts may be."""
+    ids = chat_ids(tokenizer, text)
     if len(ids) > profile.prompt_max:
         raise LinnetError(f"profile {profile.name}: a prompt of its workload takes {len(ids)} tokens with this "
                           f"model's chat template, more than the {profile.prompt_max} it allows")

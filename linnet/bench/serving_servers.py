@@ -156,18 +156,18 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
             body["response_format"] = response_format
             notes.append("every request constrained by a JSON schema (response_format) it cannot complete "
                          "within the new tokens")
-        scale: list[str] = []
+        flags: list[str] = []  # what the suffixes and --replicas ask of linnet serve
         if speculate:
-            scale.extend(["--speculate", "ngram"])
+            flags.extend(["--speculate", "ngram"])
             notes.append(f"speculative decoding by prompt lookup (--speculate ngram: at most {DRAFT_TOKENS} drafts a "
                          f"step, n-grams of up to {NGRAM} tokens), while at most {DEFAULT_ROWS} rows are busy "
                          f"({DEFAULT_ROWS_A_CALL_EACH} on onnx, which checks a row's drafts a call)")
         if kind == "ray":
             ray_flags, threads = ray_scale(replicas, threads, round_robin, notes)
-            scale += ray_flags
+            flags += ray_flags
         command = [sys.executable, "-P", "-m", "linnet", "serve", model, "--backend", backend, "--dtype", dtype,
                    "--threads", str(threads), "--rows", str(rows), "--positions", str(positions),
-                   "--max-queue", str(queue), *scale, *address]
+                   "--max-queue", str(queue), *flags, *address]
         return Server(row_id, name, True, command, importable_here(env), model, True, body, notes)
     if hf_dir is None:
         raise NotRunnable(f"needs a Hugging Face model directory, not {model} (`linnet export hf` makes one)")

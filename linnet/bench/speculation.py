@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from linnet.backends.runner import Runner
-from linnet.bench.workloads import workload_prompts
+from linnet.bench.workloads import chat_ids, workload_prompts
 from linnet.generation import generate
 from linnet.speculative import Speculator
 from linnet.tokenizer import Tokenizer
@@ -46,7 +46,7 @@ def run_speculation_bench(runner: Runner, tokenizer: Tokenizer, speculator: Call
                           workload: str, new_tokens: int, runs: int) -> list[SpeculationRow]:
     rows = []
     for kind, prompt in workload_prompts(workload):
-        ids = tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        ids = chat_ids(tokenizer, prompt)
         plain, fast, drafted, accepted, same = [], [], 0, 0, True
         for run in range(runs + 1):  # the first of each pays any warming up, untimed
             a = generate(runner, ids, new_tokens, tokenizer=tokenizer)

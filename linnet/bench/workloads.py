@@ -2,6 +2,8 @@
 where it does not (free-form chat), for ``linnet bench --speculate``."""
 from __future__ import annotations
 
+from linnet.tokenizer import Tokenizer
+
 PASSAGE = ("The harbour town of Elmsford was founded in 1742 by fishermen from the northern coast. Its "
            "lighthouse, built of grey granite, stands 38 metres tall and was automated in 1981. Every August "
            "the town holds a regatta that draws sailors from across the region, and the old customs house "
@@ -56,3 +58,8 @@ def workload_prompts(name: str) -> list[tuple[str, str]]:
 
 
 WORKLOAD_NAMES = ("all", "copying", *WORKLOADS)
+
+
+def chat_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
+    """A workload prompt as the user's message, through the model's chat template."""
+    return tokenizer.encode_chat([{"role": "user", "content": prompt}])

@@ -10,7 +10,7 @@ from linnet.backends import CacheShape, create_runner
 from linnet.backends.registry import get_backend
 from linnet.backends.runner import Runner, cache_positions
 from linnet.bench.speculation import format_rows, run_speculation_bench
-from linnet.bench.workloads import workload_prompts
+from linnet.bench.workloads import chat_ids, workload_prompts
 from linnet.commands._common import onnx_when_fastest
 from linnet.commands._speculate import draft_tokens, make_drafter
 from linnet.errors import LinnetError
@@ -31,8 +31,7 @@ def handle_speculation(args: argparse.Namespace) -> int:
     model = open_model(args.model)
     if model.tokenizer is None:
         raise LinnetError(f"{model.path} has no tokenizer.json; the workloads are text")
-    longest = max(len(model.tokenizer.encode_chat([{"role": "user", "content": p}]))
-                  for _, p in workload_prompts(args.workload))
+    longest = max(len(chat_ids(model.tokenizer, p)) for _, p in workload_prompts(args.workload))
     positions = min(cache_positions(longest + args.new_tokens), model.spec.max_positions)
 
     def runner_of(m: LoadedModel) -> Runner:
