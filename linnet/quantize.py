@@ -40,9 +40,10 @@ def check_form(form: str, what: str = "weights", forms: tuple[str, ...] = MADE) 
 
 
 def quantized(array: np.ndarray, form: str) -> np.ndarray:
-    """A float matrix [out, in] (in a multiple of 32) as rows of ``form``'s block bytes."""
+    """A float matrix [out, in] (in a multiple of 32), or a stack of them [n, out, in], as rows of
+    ``form``'s block bytes."""
     check_form(form)
-    if array.ndim != 2 or array.shape[1] % BLOCK:
+    if array.ndim not in (2, 3) or array.shape[-1] % BLOCK:
         raise LinnetError(f"only matrices whose rows are whole blocks of {BLOCK} can be quantised, "
                           f"got shape {list(array.shape)}")
     return quantize(np.ascontiguousarray(array, dtype=np.float32), FORMS[form])

@@ -33,7 +33,9 @@ cache rows, ``P`` cache positions. Inputs:
                ``Program.int8_activations``, a linear op on such a matrix first rounds x to int8 per
                block of its scales (32; q6_k 16) with scale max|x| / 127, to nearest, as llama.cpp
                does, and multiplies the codes by those values; a block's min (q4_1, q4_k) multiplies
-               the block's sum of x as it is
+               the block's sum of x as it is. A moe's expert stacks [E, F, D] may be in blocks too (each
+               expert's matrix cut along its in-axis), in the forms without mins; with int8 activations
+               each expert product's x is rounded so first
 
 and it computes
 

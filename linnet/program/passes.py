@@ -192,34 +192,48 @@ def quantize_weights(program: Program, forms: dict[tuple[str, str], str], int8_a
                               "is not supported yet")
         found = {s[weight] for s in shapes}
         shape = found.pop() if len(found) == 1 else None
-        if shape is None or len(shape) != 2 or shape[1] % ELEMENTS[form]:
-            raise LinnetError(f"{section} weight {weight!r} ({shape}) is not a matrix of whole "
-                              f"{ELEMENTS[form]}-blocks")
+        if shape is None or len(shape) not in (2, 3) or shape[-1] % ELEMENTS[form]:
+            raise LinnetError(f"{section} weight {weight!r} ({shape}) is not a matrix (or a stack of experts' "
+                              f"matrices) of whole {ELEMENTS[form]}-blocks")
     quantized = tuple((section, weight, form) for (section, weight), form in forms.items())
     return checked(replace(program, quantized=program.quantized + quantized, int8_activations=int8_activations))
 
 
-def block_forms(program: Program, weights: Any, quantize: str,
-                runs: tuple[str, ...] = MADE) -> dict[tuple[str, str], str]:
+def block_forms(program: Program, weights: Any, quantize: str, runs: tuple[str, ...] = MADE,
+                stacks: tuple[str, ...] = ()) -> dict[tuple[str, str], str]:
     """(section, matrix) -> block form of the matrices ``quantize`` puts in blocks: "none", none; a form
     (``linnet.quantize.MADE``), every matrix; "gguf", each matrix that ``weights`` (a GGUF file's) stores
-    in a form the backend ``runs``. The result goes to ``quantize_weights``."""
+    in a form the backend ``runs``. The experts' stacks of a ``moe`` ([experts, out, in]) are matrices
+    here too where the backend runs them in the form, ``stacks``. The result goes to
+    ``quantize_weights``."""
     if quantize == "none":
         return {}
     types = infer_types(program)  # by program section: "layer", or "layer.<kind>" with several kinds
-    matrices = {(plan_section(section), name[2:]) for section, env in types.items()
-                for name, value in env.items() if name.startswith("w.") and len(value.shape) == 2}
+    expert_stacks = {op.inputs[i] for section in program.sections().values() for op in section.ops
+                     if op.kind == "moe" for i in (2, 3, 4)}
+    matrices, stack_names = set(), set()
+    for section, env in types.items():
+        for name, value in env.items():
+            if name.startswith("w.") and (len(value.shape) == 2 or name in expert_stacks):
+                matrices.add((plan_section(section), name[2:]))
+                if name in expert_stacks:
+                    stack_names.add((plan_section(section), name[2:]))
     if program.spec.tie_word_embeddings:
         matrices.discard(("head", "lm_head"))  # it is the embedding
+
+    def runnable(entry: tuple[str, str], form: str) -> bool:
+        return form in (stacks if entry in stack_names else runs)
+
     if quantize != "gguf":
-        return dict.fromkeys(sorted(matrices), check_form(quantize))
+        check_form(quantize)
+        return {entry: quantize for entry in sorted(matrices) if runnable(entry, quantize)}
     stored = getattr(weights, "blocks", {})  # name -> (form, bytes)
     parts = dict(program.fused)
     forms = {}
     for section, name in sorted(matrices):
         prefixes = [f"layers.{i}." for i in range(program.spec.num_layers)] if section == "layer" else [""]
         found = {stored.get(prefix + part, ("",))[0] for prefix in prefixes for part in parts.get(name, (name,))}
-        if len(found) == 1 and found <= set(runs):
+        if len(found) == 1 and runnable((section, name), next(iter(found))):
             forms[section, name] = found.pop()
     return forms
 

@@ -1,4 +1,4 @@
-"""Matrices in llama.cpp's blocks (q8_0, q4_0, q4_1) on the torch backend's CPU path.
+"""Matrices in llama.cpp's blocks (q8_0, q4_0, q4_1, and the K-quants of a file) on the CPU paths that run them.
 
 Tolerances (absolute, on logits), each against the same step computed another way:
 - Against the same blocks' dequantised values in f32 (the NumPy interpreter on the same program and
@@ -26,6 +26,7 @@ dequantised values in float32, where the rounding of x itself adds: 15% (measure
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from checkpoints import Case, build_checkpoint
@@ -286,3 +287,89 @@ def test_the_program_records_each_matrix_in_blocks(checkpoint):
     assert "qkv: q4_1[128, 64]" in text and "embed: q4_1[331, 64]" in text and "norm: f32[64]" in text
     assert "layer: qkv in q4_1 blocks" in text
     assert {op.kind for op in program.layer.ops} >= {"norm_linear"} and not program.folded  # values kept as stored
+
+
+# Mixtures of experts whose stacks are whole blocks (intermediate 64): softmax then top 2 renormalised
+# (Mixtral), a softmax over the top 2 logits with multipliers (Granite), biased experts with a clamped SwiGLU
+# beside sinks and a window (gpt-oss).
+EXPERTS = dict(BLOCKS, intermediate_size=64, num_local_experts=5, num_experts_per_tok=2)
+MOE_CASES = {
+    "mixtral-blocks": Case("mixtral-blocks", "MixtralForCausalLM", EXPERTS),
+    "granitemoe-blocks": Case("granitemoe-blocks", "GraniteMoeForCausalLM", dict(
+        EXPERTS, embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=3.0)),
+    "gptoss-blocks": Case("gptoss-blocks", "GptOssForCausalLM", dict(  # GGUF: plain rope, the default limit
+        EXPERTS, sliding_window=5, rope_parameters=dict(rope_type="default", rope_theta=1e4))),
+}
+STACKS = {"expert_gate", "expert_up", "expert_down"}
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoint(tmp_path_factory):
+    built = {}
+
+    def get(case: str):
+        if case not in built:
+            built[case] = build_checkpoint(MOE_CASES[case], tmp_path_factory.mktemp(case))
+        return built[case]
+
+    return get
+
+
+def ort_graph(weights, program):
+    """The ort variant's graph of ``program`` (built, not run)."""
+    from linnet.backends.onnx.export import planned_arrays
+    from linnet.backends.onnx.graph import GraphOptions, build_graph
+
+    shapes = {name: a.shape for name, a in planned_arrays(weights, program).items()}
+    return build_graph(program, shapes, 64, GraphOptions("ort", "f32", "gqa"))[0].graph
+
+
+def assert_runs_as_the_program(runner, weights, program) -> None:
+    """The prompt's logits, then three decode steps' (the one-token routing), against the program
+    interpreted over the whole sequence, all rows at once under ``assert_close``'s budgets."""
+    ids = list(PROMPT)
+    ours = [runner.prefill(0, ids, all_logits=True)]
+    for token in (5, 300, 42):
+        ids.append(token)
+        ours.append(runner.decode([token])[:1])
+    assert_close(np.concatenate(ours), reference_step(weights, program, ids), program.int8_activations)
+
+
+@pytest.mark.parametrize("case", sorted(MOE_CASES))
+def test_a_q8_0_gguf_files_experts_run_in_their_blocks_on_onnx_runtime(case, moe_checkpoint, tmp_path):
+    """Each sparse layer is one com.microsoft QMoE on the file's own q8_0 codes: no float copy of an
+    expert stack is made, and the step is the Program's with its expert products on int8 activations."""
+    model = open_model(str(export_gguf(open_model(str(moe_checkpoint(case))), tmp_path / "m.gguf", "q8_0")))
+    program = PROGRAMS["onnx:cpu"](model.weights, "gguf")
+    assert {(name, form) for section, name, form in program.quantized if name in STACKS} == \
+        {(name, "q8_0") for name in STACKS}
+    graph = ort_graph(model.weights, program)
+    kinds = [node.op_type for node in graph.node]
+    assert kinds.count("QMoE") == model.spec.num_layers and "MoE" not in kinds
+    floats = [t.name for t in graph.initializer if "expert_" in t.name and t.data_type != onnx.TensorProto.UINT8
+              and not t.name.endswith((".scales", "_bias"))]
+    assert not floats  # the stacks are codes and scales only
+
+    blocks = create_runner("onnx:cpu", model.weights, CacheShape(1, 64), quantize="gguf")
+    dequantised = create_runner("onnx:cpu", model.weights, CacheShape(1, 64), quantize="none")
+    assert_runs_as_the_program(blocks, model.weights, program)
+    ours, floats_out = (r.prefill(0, PROMPT, all_logits=True) for r in (blocks, dequantised))
+    # Against the file's values in f32 the module's 15%, per row at 75% of the rows: a token whose x rounds
+    # to other int8 codes may pick another expert, which moves its row wholesale (the interpreter itself
+    # moved one row of Granite's case by 23% of max|logit|, the others by at most 4%, measured).
+    rows = np.abs(ours - floats_out).max(axis=-1) <= 0.15 * np.abs(floats_out).max()
+    assert rows.mean() >= 0.75
+
+
+@pytest.mark.parametrize("form", ["q8_0", "q4_0"])
+def test_experts_quantised_at_load_run_in_their_blocks_on_onnx_runtime(form, moe_checkpoint):
+    """``--quantize q8_0|q4_0`` on an HF checkpoint puts the expert stacks in blocks too (QMoE's 4-bit
+    products at accuracy level 4 round x to int8, as the Program says); q4_1's mins are beyond QMoE, so
+    its stacks stay floats while the other matrices go to blocks."""
+    model = open_model(str(moe_checkpoint("mixtral-blocks")))
+    runner = create_runner("onnx:cpu", model.weights, CacheShape(1, 64), quantize=form)
+    program = PROGRAMS["onnx:cpu"](model.weights, form)
+    assert STACKS <= {name for _, name, _ in program.quantized}
+    assert_runs_as_the_program(runner, model.weights, program)
+    q4_1 = PROGRAMS["onnx:cpu"](model.weights, "q4_1")
+    assert not STACKS & {name for _, name, _ in q4_1.quantized} and q4_1.quantized

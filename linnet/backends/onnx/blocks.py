@@ -13,6 +13,9 @@ block form is such a code (``linnet.quantize.affine``), so each maps to them wit
   kernels; 8-bit ones are refused).
 
 Scales and mins are the blocks' values in the activations' type (f32 or f16).
+
+com.microsoft QMoE reads the experts' stacks [E, N, K] in blocks too, as codes [E, N, K * bits / 8] and
+scales [E, N, K / block], with the default zero point only: the symmetric forms, ``STACK_FORMS``.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from linnet.quantize import affine
 PARTS = ("codes", "scales", "zero_points", "mins")  # the initializers a matrix in blocks becomes
 BLOCK_SIZE = {"q6_k": 16}  # elements per scale where not 32
 BITS = {"q8_0": 8, "q6_k": 8}  # code width where not 4
+STACK_FORMS = ("q8_0", "q4_0")  # the forms QMoE runs an expert stack in
 
 
 def block_size(form: str) -> int:
@@ -50,3 +54,13 @@ def onnx_parts(blocks: np.ndarray, form: str, float_type: DTypeLike = np.float32
     if a.mins is not None:
         parts["mins"] = a.mins.astype(float_type)
     return parts
+
+
+def stack_parts(blocks: np.ndarray, form: str, float_type: DTypeLike = np.float32) -> dict[str, np.ndarray]:
+    """An expert stack's block bytes [E, N, row bytes] as QMoE's inputs: codes [E, N, K * bits / 8] uint8
+    and scales [E, N, K / block] in ``float_type``."""
+    if form not in STACK_FORMS:
+        raise ValueError(f"QMoE runs expert stacks in {', '.join(STACK_FORMS)}, not {form}")
+    experts, n = blocks.shape[:2]
+    parts = onnx_parts(blocks.reshape(experts * n, -1), form, float_type)
+    return {part: value.reshape(experts, n, -1) for part, value in parts.items()}

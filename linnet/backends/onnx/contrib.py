@@ -39,6 +39,17 @@ INTERLEAVED = {"expert_gate_up": ("expert_gate", "expert_up"),
                "expert_gate_up_bias": ("expert_gate_bias", "expert_up_bias")}
 
 
+def with_interleaved(blocks: dict[str, str]) -> dict[str, str]:
+    """Weights in blocks by full name and form (``quantize.block_names``), with each layer's interleaved
+    gate and up where its gate stack is in blocks: interleaving rows of blocks interleaves their values."""
+    out = dict(blocks)
+    for name, form in blocks.items():
+        for fused, (gate, _) in INTERLEAVED.items():
+            if name.endswith("." + gate):
+                out[name.removesuffix(gate) + fused] = form
+    return out
+
+
 @dataclass(frozen=True)
 class BlockWeight:
     """A matrix [n, k] in one of llama.cpp's block forms, as MatMulNBits' initializers (``blocks.PARTS``)."""
@@ -213,9 +224,28 @@ class OrtEmitter(Emitter):
         gate_up_bias = self.weight("expert_gate_up_bias") if down_bias else ""
         experts = int(self.types[op.inputs[1]].shape[0])
         router_logits = self.node("Reshape", [logits, self.ints(-1, experts)], "router_logits")
+        if gate_up in self.blocks:
+            return self.rounded(self._quantized_experts(x, router_logits, gate_up, gate_up_bias, down,
+                                                        down_bias or "", options))
         y = self.node("MoE", [x, router_logits, gate_up, gate_up_bias, down, down_bias or ""], "moe",
                       domain="com.microsoft", **options)
         return self.rounded(y)
+
+    def _quantized_experts(self, x: str, router_logits: str, gate_up: str, gate_up_bias: str, down: str,
+                           down_bias: str, options: dict[str, Any]) -> str:
+        """com.microsoft QMoE: MoE on stacks in blocks (``blocks.stack_parts``), each chosen expert's codes
+        read in place; its 8-bit products round x to int8 per block at every accuracy level, its 4-bit ones
+        at level 4, which ``Program.int8_activations`` asks for."""
+        fc1, fc2 = self.blocks.get(gate_up), self.blocks.get(down)
+        if fc1 is None or fc2 is None or fc1.form != fc2.form or not self.block_accuracy:
+            raise ValueError("QMoE needs the experts' gate, up and down in blocks of one form, with int8 "
+                             "activations")
+        tokens = self.node("Reshape", [x, self.ints(-1, fc1.k)], "moe_tokens")
+        y = self.node("QMoE", [tokens, router_logits, fc1.parts["codes"], fc1.parts["scales"], gate_up_bias,
+                               fc2.parts["codes"], fc2.parts["scales"], down_bias], "qmoe", domain="com.microsoft",
+                      expert_weight_bits=bits(fc1.form), block_size=block_size(fc1.form),
+                      accuracy_level=self.block_accuracy, **options)
+        return self.node("Reshape", [y, self.node("Shape", [x], "moe_x_shape")], "moe")
 
 
 def half_table(name: str, table: int) -> str:

@@ -15,7 +15,8 @@ import numpy as np
 import onnx
 from numpy.typing import DTypeLike
 
-from linnet.backends.onnx.blocks import onnx_parts
+from linnet.backends.onnx.blocks import STACK_FORMS, onnx_parts, stack_parts
+from linnet.backends.onnx.contrib import with_interleaved
 from linnet.backends.onnx.graph import INTERLEAVED, GraphOptions, build_graph
 from linnet.program import Program, block_forms, build_program, fuse_projections, quantize_weights
 from linnet.quantize import FORMS, block_names
@@ -33,25 +34,28 @@ def onnx_program(spec: ModelSpec, dtype: str, weights: Any = None, quantize: str
     int8 activations as llama.cpp does: ONNX Runtime's products of float activations and blocks are
     4x slower than its float32 products, those of int8 activations 2.6x faster (docs/ONNX.md)."""
     program = fuse_projections(build_program(spec, dtype))
-    forms = block_forms(program, weights, quantize, runs=tuple(FORMS))  # every form a file holds
+    forms = block_forms(program, weights, quantize, runs=tuple(FORMS), stacks=STACK_FORMS)  # a file's forms
     return quantize_weights(program, forms, int8_activations=True) if forms else program
 
 
 def planned_arrays(weights: Any, program: Program, float_type: DTypeLike = np.float32) -> dict[str, np.ndarray]:
     """The weight plan's arrays; a matrix in blocks as MatMulNBits' parts (``name.codes``, ``name.scales``
     ..., ``blocks.onnx_parts``), their scales in ``float_type``; the experts' gate and up interleaved, for
-    ONNX Runtime's MoE (``graph.INTERLEAVED``)."""
-    arrays = plan_weights(weights, WeightPlan.of(program))
-    blocks = block_names(program.quantized, program.spec.num_layers)
-    out = {}
-    for name, array in arrays.items():
-        parts = onnx_parts(array, blocks[name], float_type) if name in blocks else {"": array}
-        out.update({f"{name}.{part}" if part else name: value for part, value in parts.items()})
+    ONNX Runtime's MoE (``graph.INTERLEAVED``), a stack in blocks as QMoE's parts (``blocks.stack_parts``)."""
+    arrays = dict(plan_weights(weights, WeightPlan.of(program)))
+    blocks = with_interleaved(block_names(program.quantized, program.spec.num_layers))
     for i in range(program.spec.num_layers):
         for name, (gate, up) in INTERLEAVED.items():
-            if f"layers.{i}.{gate}" in arrays:  # [E, F, ...] twice -> [E, 2F, ...]
+            if f"layers.{i}.{gate}" in arrays:  # [E, F, ...] twice -> [E, 2F, ...]: floats, or rows of blocks
                 pair = [arrays[f"layers.{i}.{part}"] for part in (gate, up)]
-                out[f"layers.{i}.{name}"] = np.stack(pair, axis=2).reshape(pair[0].shape[0], -1, *pair[0].shape[2:])
+                arrays[f"layers.{i}.{name}"] = np.stack(pair, axis=2).reshape(pair[0].shape[0], -1, *pair[0].shape[2:])
+    out = {}
+    for name, array in arrays.items():
+        if name not in blocks:
+            parts = {"": array}
+        else:
+            parts = (stack_parts if array.ndim == 3 else onnx_parts)(array, blocks[name], float_type)
+        out.update({f"{name}.{part}" if part else name: value for part, value in parts.items()})
     return out
 
 

@@ -23,7 +23,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from linnet.backends.onnx.blocks import PARTS, block_size
-from linnet.backends.onnx.contrib import INTERLEAVED, BlockWeight, OrtEmitter
+from linnet.backends.onnx.contrib import INTERLEAVED, BlockWeight, OrtEmitter, with_interleaved
 from linnet.backends.onnx.lower import ONNX_TYPES, OPSET, Emitter, GraphOptions
 from linnet.backends.onnx.passes import CONTRIB_PASSES, GraphFacts, reads
 from linnet.program import Program, infer_types, layer_section_name, lower
@@ -68,7 +68,7 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
     weights: dict[str, str] = {}  # initializer name -> plan name
     stored = program.dtype  # weights are stored in the run dtype, cast once where compute is wider
 
-    blocks = block_names(program.quantized, spec.num_layers)
+    blocks = with_interleaved(block_names(program.quantized, spec.num_layers))
     if blocks and not e.contrib:
         raise ValueError("matrices in blocks run on ONNX Runtime's contrib operators: they need the ort variant")
     part_types = {"codes": TensorProto.UINT8, "zero_points": TensorProto.UINT8,
@@ -84,7 +84,7 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
                 for part, initializer in parts.items():
                     weights[initializer], types[initializer] = f"{plan_name}.{part}", part_types[part]
                     e.names.add(initializer)
-                n, nb = weight_shapes[f"{plan_name}.scales"]
+                n, nb = weight_shapes[f"{plan_name}.scales"][-2:]  # a stack's: [experts, n, nb]
                 k = nb * block_size(blocks[plan_name])
                 assert isinstance(e, OrtEmitter)  # the plain variant refuses blocks (above)
                 e.blocks[name] = BlockWeight(blocks[plan_name], n, k, parts)

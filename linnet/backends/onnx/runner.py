@@ -116,6 +116,7 @@ class OnnxRunner(Runner):
         program = self._with_rings(onnx_program(weights.spec, dtype, weights, quantize))
         self._slots = [program.cache_slots(kind, cache.positions) for kind in program.layer_kinds]  # each layer's
         self.quantized = sorted({form for _, _, form in program.quantized})
+        self._expert_blocks = any(name == "expert_down" for _, name, _ in program.quantized)
         self._kept: tempfile.TemporaryDirectory | None = None
         path = self._graph_file(weights, program, max(weights.spec.max_positions, cache.positions + 1))
         self.session = self._session(path)
@@ -335,7 +336,8 @@ class OnnxRunner(Runner):
         return {**super().describe(), "dtype": self.dtype, "provider": PROVIDERS[self.mode],
                 "graph": self.options.variant, "attention": self.options.attention, "threads": threads(),
                 **({"blocks": ", ".join(self.quantized), "block_products": "activations rounded to int8, integer "
-                    "products (MatMulNBits)"} if self.quantized else {})}
+                    "products (MatMulNBits" + (", QMoE for the experts)" if self._expert_blocks else ")")}
+                   if self.quantized else {})}
 
 
 @contextmanager

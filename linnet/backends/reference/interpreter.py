@@ -72,7 +72,7 @@ def _run(section: Section, params: dict, inputs: Mapping[str, np.ndarray], weigh
         if op.kind == "linear" and op.inputs[1] in int8_products:
             outs = linear_int8(op, act, *args, codes=int8_products[op.inputs[1]])
         elif op.kind == "moe" and set(op.inputs) & set(int8_products):
-            raise LinnetError(f"int8 activations are defined for linear products only, not op {op}")
+            outs = moe(op, act, *args, int8_block=_stacks_block(op, int8_products))
         else:
             outs = OPS[op.kind](op, act, *args)
         env.update(zip(op.outs, outs if isinstance(outs, tuple) else (outs,)))
@@ -153,10 +153,26 @@ def attention(op: Op, act: type, q, cache_k, cache_v, rows, positions, sinks=Non
     return out.astype(act).reshape(r, t, heads * d)
 
 
+def _stacks_block(op: Op, int8_products: Mapping[str, Affine]) -> int:
+    """The block a ``moe``'s expert products round x to int8 by: its three stacks' (all in blocks, of one
+    block size and without mins; the router's product is a linear one)."""
+    codes = [int8_products.get(name) for name in op.inputs[2:5]]
+    blocks = {c.block for c in codes if c is not None and c.mins is None}
+    if len(blocks) != 1 or None in codes:
+        raise LinnetError(f"int8 activations in a moe need its gate, up and down stacks in blocks of one size "
+                          f"without mins (op {op})")
+    return blocks.pop()
+
+
 def moe(op: Op, act: type, x: np.ndarray, router: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
-        *biases: np.ndarray) -> np.ndarray:
+        *biases: np.ndarray, int8_block: int | None = None) -> np.ndarray:
     """Each token's top_k experts (ties: the lower index), their weights, and the weighted sum of their
-    outputs, expert by expert in ascending order, each expert run once on the tokens that chose it."""
+    outputs, expert by expert in ascending order, each expert run once on the tokens that chose it. With
+    ``int8_block`` (stacks in blocks under ``Program.int8_activations``), each expert product's x is
+    first rounded to int8 per block of that size, as a linear op's."""
+    def rounded(v: np.ndarray) -> np.ndarray:
+        return v if int8_block is None else int8_rounded(v, int8_block)
+
     attrs = op.attrs
     router_bias = biases[0] if attrs.get("router_bias") else None
     expert_biases = biases[-3:] if attrs.get("expert_bias") else None
@@ -176,7 +192,7 @@ def moe(op: Op, act: type, x: np.ndarray, router: np.ndarray, gate: np.ndarray, 
     out = np.zeros_like(tokens)
     for e in np.unique(chosen):  # ascending
         rows, slots = np.nonzero(chosen == e)
-        h = tokens[rows]
+        h = rounded(tokens[rows])
         b = (None, None, None) if expert_biases is None else tuple(bias[e] for bias in expert_biases)
         g, u = linear(op, act, h, gate[e], b[0]), linear(op, act, h, up[e], b[1])
         if attrs["activation"] == "swiglu":
@@ -185,7 +201,7 @@ def moe(op: Op, act: type, x: np.ndarray, router: np.ndarray, gate: np.ndarray, 
             alpha, limit = np.float32(attrs["alpha"]), np.float32(attrs["limit"])
             g, u = np.minimum(g, limit), np.clip(u, -limit, limit)
             a = g / (1 + np.exp(-alpha * g)) * (u + 1)
-        out[rows] += linear(op, act, a, down[e], b[2]) * weights[rows, slots, None]
+        out[rows] += linear(op, act, rounded(a), down[e], b[2]) * weights[rows, slots, None]
     return out.reshape(x.shape)
 
 
