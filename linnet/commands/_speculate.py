@@ -17,11 +17,12 @@ from linnet.speculative.speculator import DRAFT_TOKENS
 
 def add_speculation_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
                               serving: bool = False) -> None:
-    """The speculation flags; ``serving``: ``linnet serve``'s, prompt lookup only, used while few rows are busy."""
+    """The speculation flags; ``serving``: ``linnet serve``'s, used while few rows are busy."""
     if serving:
-        parser.add_argument("--speculate", default=None, metavar="ngram",
+        parser.add_argument("--speculate", default=None, metavar="ngram|MODEL",
                             help="speculative decoding, exact: 'ngram' drafts from each request's prompt and output "
-                                 "(prompt lookup), while at most --speculate-rows rows are busy (docs/SPECULATIVE.md)")
+                                 "(prompt lookup), or a draft MODEL of the same tokenizer (a cache row beside each of "
+                                 "the target's), while at most --speculate-rows rows are busy (docs/SPECULATIVE.md)")
         parser.add_argument("--speculate-rows", type=whole(1), default=None, metavar="N",
                             help=f"with --speculate: speculate while at most N rows are busy (default: {DEFAULT_ROWS}, "
                                  f"or {DEFAULT_ROWS_A_CALL_EACH} on a backend that checks a row's drafts a call: onnx)")
@@ -56,10 +57,6 @@ def serving_speculation(args: argparse.Namespace) -> Speculation | None:
         if args.speculate_rows is not None:
             raise LinnetError("--speculate-rows only applies with --speculate")
         return None
-    if args.speculate != "ngram":
-        raise LinnetError(f"linnet serve drafts by prompt lookup only (--speculate ngram), not with a draft model "
-                          f"({args.speculate!r}): a draft model would need cache rows of its own beside the "
-                          "target's; it runs in linnet run and linnet bench")
     if getattr(args, "num_processes", 1) > 1:
         raise LinnetError("--speculate does not run with --num-processes: the other processes follow process 0's "
                           "batched steps only")
@@ -81,9 +78,18 @@ def make_drafter(args: argparse.Namespace, model: LoadedModel,
         return None
     if args.speculate == "ngram":
         return PromptLookup(args.ngram or NGRAM)
+    draft = open_draft(args, model)
+    assert draft is not None
+    return DraftModel(make_runner(draft), model.spec.vocab_size)
+
+
+def open_draft(args: argparse.Namespace, model: LoadedModel) -> LoadedModel | None:
+    """The draft model ``--speculate MODEL`` names, its tokenizer checked to be the target's; None for none."""
+    if args.speculate in (None, "ngram"):
+        return None
     draft = open_model(args.speculate)
     if model.tokenizer is None or draft.tokenizer is None:
         raise LinnetError(f"the draft model {draft.path} and the target need a tokenizer.json each, to check "
                           "that they share one")
     check_same_tokenizer(model.tokenizer, draft.tokenizer, str(model.path), str(draft.path))
-    return DraftModel(make_runner(draft), model.spec.vocab_size)
+    return draft

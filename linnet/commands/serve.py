@@ -6,6 +6,7 @@ import asyncio
 import os
 import socket
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
 from linnet.backends.runner import Runner
@@ -19,7 +20,7 @@ from linnet.commands._common import (
     make_runner,
     onnx_when_fastest,
 )
-from linnet.commands._speculate import add_speculation_arguments, serving_speculation
+from linnet.commands._speculate import add_speculation_arguments, open_draft, serving_speculation
 from linnet.errors import LinnetError
 from linnet.loaded_model import LoadedModel
 from linnet.model import open_model
@@ -110,6 +111,11 @@ def open_checked(args: argparse.Namespace) -> LoadedModel:
     check_positions("--positions", args.positions, model.spec)
     check_chat_fits(model.tokenizer, args.positions)
     check_cache_memory(model.spec, args.dtype, args.backend, args.rows, args.positions, "--rows or --positions")
+    draft = open_draft(args, model)
+    if draft is not None:
+        check_positions("--positions", args.positions, draft.spec)
+        check_cache_memory(draft.spec, args.dtype, args.backend, args.rows, args.positions,
+                           "--rows or --positions (the draft model's cache has as many)")
     return model
 
 
@@ -121,8 +127,14 @@ def build_engine(model: LoadedModel, args: argparse.Namespace) -> Engine:
     runner = thread.run(make_runner, model, args, args.positions, rows=args.rows)
     if getattr(args, "num_processes", 1) > 1:  # process 0 of several: each call the engine makes, every process makes
         runner = cast(Runner, thread.run(lead, runner))
+    speculation = serving_speculation(args)
+    draft = open_draft(args, model)
+    if speculation is not None and draft is not None:  # a row per target row, warmed up as the target is
+        drafting = thread.run(make_runner, draft, args, args.positions, rows=args.rows)
+        thread.run(drafting.warm_up)
+        speculation = replace(speculation, draft=drafting)
     engine = Engine(runner, model.tokenizer, max_queue=args.max_queue, prefill_tokens=args.prefill_tokens,
-                    thread=thread, prefix_cache=args.prefix_cache, speculation=serving_speculation(args))
+                    thread=thread, prefix_cache=args.prefix_cache, speculation=speculation)
     try:
         engine.warm_up()
     except BaseException:

@@ -3,17 +3,18 @@
 While few rows are busy a step is bound by reading the weights, not by arithmetic, so checking a row's
 drafted tokens in the same pass costs next to nothing and each kept draft is a token for free. Past
 ``rows`` busy rows the batched decode step already shares each read of the weights among them, and the
-engine decodes as without speculation. Only prompt lookup drafts here: a draft model would need rows of
-its own kept beside the target's.
+engine decodes as without speculation. Drafts come from prompt lookup, or from a draft model on a runner
+of its own with a cache row for each of the target's: target row r drafts on draft row r, which a new
+request in the row reads its context into again.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from linnet.backends.runner import Runner
 from linnet.errors import LinnetError
 from linnet.sampling import Sampling
-from linnet.speculative import PromptLookup, Speculator
+from linnet.speculative import Drafter, DraftModel, PromptLookup, Speculator
 from linnet.speculative.ngram import NGRAM
 from linnet.speculative.speculator import DRAFT_TOKENS, check_draft_tokens
 
@@ -26,12 +27,15 @@ DEFAULT_ROWS, DEFAULT_ROWS_A_CALL_EACH = 4, 1
 
 @dataclass(frozen=True)
 class Speculation:
-    """Prompt lookup of n-grams up to ``ngram`` tokens, at most ``draft_tokens`` drafts a row a step, used
-    while at most ``rows`` rows are busy (None: ``busy_rows``' default for the runner)."""
+    """At most ``draft_tokens`` drafts a row a step, used while at most ``rows`` rows are busy (None:
+    ``busy_rows``' default for the runner), drafted by prompt lookup of n-grams up to ``ngram`` tokens, or
+    by the draft model of ``draft``, a runner with the target's rows and positions (its tokenizer checked
+    to be the target's by whoever opened it: ``linnet.speculative.check_same_tokenizer``)."""
 
     draft_tokens: int = DRAFT_TOKENS
     ngram: int = NGRAM
     rows: int | None = None
+    draft: Runner | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.draft_tokens < 1 or self.ngram < 1 or (self.rows is not None and self.rows < 1):
@@ -40,6 +44,10 @@ class Speculation:
 
     def check(self, runner: Runner) -> None:
         check_draft_tokens(self.draft_tokens, runner)
+        draft, cache = self.draft, runner.cache
+        if draft is not None and (draft.cache.rows < cache.rows or draft.cache.positions < cache.positions):
+            raise LinnetError(f"the draft model's runner has {draft.cache.rows} rows of {draft.cache.positions} "
+                              f"positions; it needs the target's {cache.rows} of {cache.positions}")
 
     def busy_rows(self, runner: Runner) -> int:
         """The most busy rows at which rows speculate on ``runner``."""
@@ -48,7 +56,10 @@ class Speculation:
         return DEFAULT_ROWS if runner.chunks_together else DEFAULT_ROWS_A_CALL_EACH
 
     def speculator(self, runner: Runner, row: int, sampling: Sampling) -> Speculator:
-        return Speculator(runner, PromptLookup(self.ngram), self.draft_tokens, sampling, row)
+        """A new request's speculator in ``row``."""
+        drafter: Drafter = PromptLookup(self.ngram) if self.draft is None else \
+            DraftModel(self.draft, runner.spec.vocab_size, row)
+        return Speculator(runner, drafter, self.draft_tokens, sampling, row)
 
 
 def speculates(sampling: Sampling, adjusts_or_reports: bool) -> bool:

@@ -72,6 +72,35 @@ def test_serve_a_checkpoint_then_ctrl_c(checkpoint_dir):
     assert f"tiny on {default_backend()} f32, 2 rows x 128 positions" in output  # onnx:cpu where installed
 
 
+def test_a_draft_model_speculates_in_a_served_request(checkpoint_dir):
+    """``--speculate MODEL`` (here the target's own checkpoint: the same tokenizer, its drafts kept): a
+    greedy completion over HTTP is the server's own tokens without it, and the drafts show in /metrics."""
+    from linnet.backends import CacheShape, create_runner
+    from linnet.model import open_model
+    from linnet.serve import Engine, Params
+
+    path = str(checkpoint_dir(CASE))
+    process, url = serve(path, "--rows", "2", "--positions", "128", "--name", "tiny", "--speculate", path,
+                         "--draft-tokens", "4", "--backend", "reference:numpy")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        out = client.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=24, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        metrics = httpx.get(url + "/metrics").text
+    finally:
+        interrupt(process)
+    drafted = [line for line in metrics.splitlines() if line.startswith("linnet_speculative_draft_tokens_total ")]
+    assert drafted and float(drafted[0].split()[1]) > 0
+    model = open_model(path)
+    engine = Engine(create_runner("reference:numpy", model.weights, CacheShape(1, 128)), model.tokenizer)
+    plain = engine.submit(model.tokenizer.encode("The quick brown fox"), Params(max_tokens=24, ignore_eos=True))
+    engine.start()
+    try:
+        assert out.choices[0].text == plain.result().text
+    finally:
+        engine.stop()
+
+
 def test_the_default_model_serves_with_no_model_argument():
     process, url = serve("--rows", "2", "--positions", "256", timeout=300)
     try:
@@ -88,7 +117,9 @@ def test_the_default_model_serves_with_no_model_argument():
     (["--positions", "100000"], "linnet: error: --positions 100000 is more than the model's 256"),
     (["--rows", "0"], "linnet: error: argument --rows: must be at least 1, got 0"),
     (["--positions", "64", "--speculate", "other-model"],
-     "linnet: error: linnet serve drafts by prompt lookup only (--speculate ngram)"),
+     "linnet: error: no such model file or directory, and no registry model named 'other-model'"),
+    (["--positions", "64", "--speculate", "other-model", "--ngram", "3"],
+     "linnet: error: --ngram applies to --speculate ngram, not to a draft model"),
     (["--positions", "64", "--speculate-rows", "2"], "linnet: error: --speculate-rows only applies with --speculate"),
     (["--positions", "64", "--speculate", "ngram", "--draft-tokens", "999"],
      "linnet: error: --draft-tokens must be 1 to"),

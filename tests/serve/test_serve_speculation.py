@@ -1,7 +1,7 @@
-"""Speculative decoding in the serving engine (``--speculate ngram``): the tokens are the engine's own
+"""Speculative decoding in the serving engine (``--speculate ngram|MODEL``): the tokens are the engine's own
 without it, over rows that speculate beside rows that do not, rows that end inside a run of kept drafts
-and a row that fills its cache; it applies only while few rows are busy, and never to a row whose logits
-are worked on the host or whose seed must reproduce its tokens."""
+and a row that fills its cache, by prompt lookup and by a draft model; it applies only while few rows are
+busy, and never to a row whose logits are worked on the host or whose seed must reproduce its tokens."""
 from __future__ import annotations
 
 import pytest
@@ -107,3 +107,43 @@ def test_by_default_a_backend_that_checks_a_row_a_call_speculates_alone(model):
     onnx = runner_for(model, "onnx:cpu", rows=4)
     assert not onnx.chunks_together and Speculation().busy_rows(onnx) == 1
     assert Speculation(rows=3).busy_rows(onnx) == 3
+
+
+@pytest.fixture(scope="module")
+def other_model(tmp_path_factory):
+    """Another random model of the target's tokenizer and vocabulary (most of its drafts rejected)."""
+    from checkpoints import CASES_BY_ID, build_checkpoint
+
+    return open_model(str(build_checkpoint(CASES_BY_ID[CASE], tmp_path_factory.mktemp("draft"), seed=1)))
+
+
+@pytest.mark.parametrize("backend", ["reference:numpy", "onnx:cpu"])
+@pytest.mark.parametrize("drafter", ["same", "other"])
+def test_a_draft_model_gives_the_engines_own_tokens(model, other_model, backend, drafter):
+    """Target row r drafts on draft row r: requests of different prompts side by side, one ending mid-draft,
+    a later request in a row another left (the draft row read again from its start), a greedy one beside a
+    sampled one whose drafts the rejection rule checks against their q."""
+    runner = runner_for(model, backend, rows=2)
+    draft_model = model if drafter == "same" else other_model
+    draft = create_runner(backend, draft_model.weights, CacheShape(2, POSITIONS))
+    requests = [(LOOPING, Params(max_tokens=30, ignore_eos=True)), (OTHER, Params(max_tokens=7, ignore_eos=True)),
+                (OTHER, Params(max_tokens=25, ignore_eos=True)), (LOOPING, Params(max_tokens=20, ignore_eos=True))]
+    expected, _ = serve_all(runner, model.tokenizer, requests, None)
+    got, metrics = serve_all(runner, model.tokenizer, requests, Speculation(draft_tokens=4, draft=draft))
+    assert [g.token_ids for g in got] == [e.token_ids for e in expected]
+    assert 0 <= metrics.accepted_tokens <= metrics.drafted_tokens and metrics.drafted_tokens > 0
+    if drafter == "same":  # the target's own weights: its drafts are the target's greedy tokens (but for near
+        assert metrics.accepted_tokens >= 0.9 * metrics.drafted_tokens  # ties a one-token step breaks otherwise)
+    else:  # rejected drafts: the draft row goes back to the target's token each time
+        assert metrics.accepted_tokens < metrics.drafted_tokens
+    sampled = Params(max_tokens=20, ignore_eos=True, sampling=Sampling(temperature=0.9))
+    (out,), metrics = serve_all(runner, model.tokenizer, [(LOOPING, sampled)], Speculation(draft_tokens=4, draft=draft))
+    assert len(out.token_ids) == 20 and metrics.drafted_tokens > 0
+
+
+def test_a_draft_runner_smaller_than_the_target_is_refused(model):
+    runner = runner_for(model, "reference:numpy", rows=2)
+    small = create_runner("reference:numpy", model.weights, CacheShape(1, POSITIONS))
+    with pytest.raises(LinnetError, match="the draft model's runner has 1 rows of 64 positions; it needs the "
+                                          "target's 2 of 64"):
+        Engine(runner, model.tokenizer, speculation=Speculation(draft=small))
