@@ -67,7 +67,8 @@ def export_gguf(model: LoadedModel, out_file: str | Path, type: str, force: bool
     _check_reads_back(spec, eos_ids, metadata, {name: t[2] for name, t in tensors.items()}, rope_tensors)
     check_output(out_file, force)
     vocab = gguf_vocab(tokenizer, spec.vocab_size)
-    name = model.path.stem if name is None else name
+    if name is None:  # a directory's whole name: "Qwen2.5-0.5B-Instruct" has no suffix to drop
+        name = model.path.name if model.path.is_dir() else model.path.stem
     _check_name(name, vocab.tokens)
     return atomic_write(out_file, lambda tmp: _write(tmp, model, name, file_type, metadata, rope_tensors, tensors,
                                                      vocab))

@@ -34,6 +34,19 @@ def test_a_name_llama_cpp_would_take_for_phi3_is_refused_without_phi3_tokens(che
     assert export_gguf(model, tmp_path / "m.gguf", "f32", name="phi-shaped").is_file()
 
 
+def test_a_directorys_whole_name_names_the_file(checkpoint_dir, tmp_path):
+    """Not its stem: "Qwen2.5-0.5B-Instruct" would be "Qwen2", and "phi-3.5-mini" "phi-3", which llama.cpp
+    takes for Phi-3's vocabulary."""
+    from linnet.gguf.format import GGUFFile
+
+    dotted = tmp_path / "Qwen2.5-tiny"
+    dotted.symlink_to(checkpoint_dir("qwen3-mqa-tied"), target_is_directory=True)
+    out = export_gguf(open_model(str(dotted)), tmp_path / "m.gguf", "f16")
+    assert GGUFFile(out).metadata["general.name"] == "Qwen2.5-tiny"
+    again = export_gguf(open_model(str(out)), tmp_path / "m.2.gguf", "f16")  # a file: its stem
+    assert GGUFFile(again).metadata["general.name"] == "m"
+
+
 def write_gguf(path, arch: str, embed_type: Q = Q.F32, hidden: int = 256, vocab: int = 8, skip: str = "") -> None:
     """A header with every hyper-parameter but ``skip``, and only an embedding tensor, stored as ``embed_type``."""
     writer = GGUFWriter(path, arch)
