@@ -108,14 +108,14 @@ def open_checked(args: argparse.Namespace) -> LoadedModel:
     model = open_model(args.model)
     if model.tokenizer is None:
         raise LinnetError(f"{model.path} has no tokenizer.json; linnet serve needs one")
-    check_positions("--positions", args.positions, model.spec)
-    check_chat_fits(model.tokenizer, args.positions)
-    check_cache_memory(model.spec, args.dtype, args.backend, args.rows, args.positions, "--rows or --positions")
     draft = open_draft(args, model)
+    check_positions("--positions", args.positions, model.spec)
+    check_cache_memory(model.spec, args.dtype, args.backend, args.rows, args.positions, "--rows or --positions")
     if draft is not None:
         check_positions("--positions", args.positions, draft.spec)
         check_cache_memory(draft.spec, args.dtype, args.backend, args.rows, args.positions,
                            "--rows or --positions (the draft model's cache has as many)")
+    check_chat_fits(model.tokenizer, args.positions)  # a warning: after every refusal
     return model
 
 
