@@ -98,11 +98,13 @@ def load_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
     """Check the model and the flags (a mistake fails here, before anything answers), then serve: the
     server answers at once, as loading (``linnet.serve.loading``), while the runner is built and warmed up
     off the event loop; a load that fails ends the process with its error."""
-    return serve(open_checked(args), args.name or args.model, args, listener)
+    model, draft = open_checked(args)
+    return serve(model, draft, args.name or args.model, args, listener)
 
 
-def open_checked(args: argparse.Namespace) -> LoadedModel:
-    """The model ``args`` name, with the flags checked against it (the default backend filled in)."""
+def open_checked(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel | None]:
+    """The model ``args`` name and the draft model ``--speculate`` names (or None), with the flags checked
+    against them (the default backend filled in)."""
     serving_speculation(args)  # its flags refused first, before anything loads or warns
     args.backend = args.backend or default_backend(args.dtype)
     model = open_model(args.model)
@@ -116,11 +118,12 @@ def open_checked(args: argparse.Namespace) -> LoadedModel:
         check_cache_memory(draft.spec, args.dtype, args.backend, args.rows, args.positions,
                            "--rows or --positions (the draft model's cache has as many)")
     check_chat_fits(model.tokenizer, args.positions)  # a warning: after every refusal
-    return model
+    return model, draft
 
 
-def build_engine(model: LoadedModel, args: argparse.Namespace) -> Engine:
-    """The engine ``args`` ask for, its runner built and warmed up, ready to start."""
+def build_engine(model: LoadedModel, args: argparse.Namespace, draft: LoadedModel | None = None) -> Engine:
+    """The engine ``args`` ask for, its runner (and ``draft``'s, speculating) built and warmed up, ready to
+    start."""
     from linnet.serve.model_thread import ModelThread
 
     thread = ModelThread()  # the runner is built, warmed up and stepped on one thread (linnet.serve.model_thread)
@@ -128,7 +131,6 @@ def build_engine(model: LoadedModel, args: argparse.Namespace) -> Engine:
     if getattr(args, "num_processes", 1) > 1:  # process 0 of several: each call the engine makes, every process makes
         runner = cast(Runner, thread.run(lead, runner))
     speculation = serving_speculation(args)
-    draft = open_draft(args, model)
     if speculation is not None and draft is not None:  # a row per target row, warmed up as the target is
         drafting = thread.run(make_runner, draft, args, args.positions, rows=args.rows)
         thread.run(drafting.warm_up)
@@ -144,10 +146,11 @@ def build_engine(model: LoadedModel, args: argparse.Namespace) -> Engine:
     return engine
 
 
-def serve(model: LoadedModel, name: str, args: argparse.Namespace, listener: socket.socket) -> int:
+def serve(model: LoadedModel, draft: LoadedModel | None, name: str, args: argparse.Namespace,
+          listener: socket.socket) -> int:
     """Serve until SIGINT or SIGTERM, then drain: no new connections, the requests in flight finish (or end
     with an error after ``--drain-timeout`` seconds), and the process exits 0 with a line saying why it
-    stopped."""
+    stopped. ``draft``: the draft model of ``--speculate MODEL``, or None."""
     import uvicorn
 
     from linnet.serve.app import create_app
@@ -157,7 +160,7 @@ def serve(model: LoadedModel, name: str, args: argparse.Namespace, listener: soc
     engines: list[Engine] = []
 
     def load() -> FastAPI:
-        engine = build_engine(model, args)
+        engine = build_engine(model, args, draft)
         engines.append(engine)
         host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address, as a URL writes it
         print(f"linnet serve: {name} on {args.backend} {args.dtype}, {args.rows} rows x {args.positions} positions, "
@@ -199,7 +202,7 @@ def follow(args: argparse.Namespace) -> int:
     process 0 stops; no port is opened here."""
     from linnet.backends.xla.channel import CoordinatorChannel
 
-    runner = make_runner(open_checked(args), args, args.positions, rows=args.rows)
+    runner = make_runner(open_checked(args)[0], args, args.positions, rows=args.rows)
     label = f"linnet serve: process {args.process_id} of {args.num_processes}"
     print(f"{label} follows process 0", file=sys.stderr, flush=True)
     try:

@@ -35,7 +35,8 @@ def load_engine(args: argparse.Namespace) -> Engine:
     """The engine ``linnet serve`` builds for ``args`` (its parsed options), warmed up and ready to start."""
     from linnet.commands.serve import build_engine, open_checked
 
-    return build_engine(open_checked(args), args)
+    model, draft = open_checked(args)
+    return build_engine(model, args, draft)
 
 
 class LinnetReplica:
