@@ -37,6 +37,9 @@ def test_run_refuses_too_many_draft_tokens(checkpoint_dir, capsys):
     ("run", ["--draft-tokens", "4"], "--draft-tokens only applies with --speculate"),
     ("bench", ["--ngram", "2", "--draft-tokens", "4"], "--draft-tokens and --ngram only apply with --speculate"),
     ("run", ["--speculate", "MODEL", "--ngram", "2"], "--ngram applies to --speculate ngram"),
+    ("bench", ["--speculate", "ngram", "--peer", "transformers"], "llama.cpp's prompt lookup (--peer llama.cpp), "
+                                                                 "not transformers"),
+    ("bench", ["--speculate", "MODEL", "--peer", "llama.cpp"], "--peer llama.cpp compares prompt lookup"),
 ])
 def test_speculation_flags_without_their_mode_are_refused(checkpoint_dir, capsys, command, flags, message):
     model = str(checkpoint_dir("qwen3-gqa3"))
