@@ -405,10 +405,11 @@ class Runner(ABC):
             logits[row] = host[i]
         return logits
 
-    def warm_up(self) -> float:
+    def warm_up(self, verify: tuple[int, int] | None = None) -> float:
         """Run a prompt chunk and a decode step once on the scratch position (no row's tokens are touched),
         so that compiling, or loading compiled code, happens now rather than in a request's first
-        token; the seconds it took."""
+        token; the seconds it took. ``verify`` (rows, tokens): speculative decoding's checks too, every
+        shape that ``verify`` takes for up to that many rows of up to that many tokens each."""
         start = time.perf_counter()
         scratch = np.full((1, 2), self.scratch_position, dtype=np.int64)
         self._forward(np.zeros((1, 2), dtype=np.int64), scratch, np.zeros(1, dtype=np.int64),
@@ -417,7 +418,23 @@ class Runner(ABC):
             self._forward(np.zeros((size, 1), dtype=np.int64),
                           np.full((size, 1), self.scratch_position, dtype=np.int64),
                           np.arange(size, dtype=np.int64), None)
+        for rows, width in self.verify_shapes(*verify) if verify else ():
+            self._forward(np.zeros((rows, width), dtype=np.int64),
+                          np.full((rows, width), self.scratch_position, dtype=np.int64),
+                          np.arange(rows, dtype=np.int64), None)
         return time.perf_counter() - start
+
+    def verify_shapes(self, rows: int, tokens: int) -> list[tuple[int, int]]:
+        """The (rows, length) calls that stand for every shape ``verify`` takes with up to ``rows`` rows
+        (in one call where the backend reads them together) of 2 to ``tokens`` tokens each (a row's last
+        token and at least one draft)."""
+        counts = range(1, min(rows, self.cache.rows) + 1) if self.chunks_together else range(1, 2)
+        return [(n, width) for n in counts for width in self.all_logits_lengths(min(tokens, self.prefill_chunk))]
+
+    def all_logits_lengths(self, tokens: int) -> tuple[int, ...]:
+        """The lengths that chunks of 2 to ``tokens`` tokens, every position's logits read, take as shapes:
+        one, where the backend compiles nothing or a length that varies (``XlaRunner`` pads to a few)."""
+        return (2,)
 
     def reset(self, row: int, keep: int = 0) -> None:
         """Free ``row`` for a new request, keeping its first ``keep`` positions (a prefix the new request

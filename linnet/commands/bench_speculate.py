@@ -47,7 +47,7 @@ def handle_speculation(args: argparse.Namespace) -> int:
         return create_runner(backend.id, m.weights, CacheShape(1, positions), args.dtype)
 
     runner = runner_of(model)
-    runner.warm_up()
+    runner.warm_up(verify=(1, draft_tokens(args) + 1))
     drafter = make_drafter(args, model, runner_of)
     assert drafter is not None  # --speculate was given
     threads = runner.describe().get("threads")

@@ -17,7 +17,12 @@ from linnet.commands._common import (
     make_runner,
     onnx_when_fastest,
 )
-from linnet.commands._speculate import add_speculation_arguments, check_speculation_arguments, make_speculator
+from linnet.commands._speculate import (
+    add_speculation_arguments,
+    check_speculation_arguments,
+    draft_tokens,
+    make_speculator,
+)
 from linnet.errors import LinnetError
 from linnet.generation import Sampling, generate
 from linnet.model import LoadedModel, open_model
@@ -81,7 +86,8 @@ def handle(args: argparse.Namespace) -> int:
     positions = args.cache_positions or min(cache_positions(len(prompt_ids) + args.max_new_tokens), most)
     check_cache_memory(model.spec, args.dtype, args.backend, 1, positions, "--cache-positions")
     runner = pick_runner(model, args, positions)
-    warm_up_s = runner.warm_up()  # compiling (or loading compiled code) is timed apart from the request
+    # compiling (or loading compiled code) is timed apart from the request, speculation's checks included
+    warm_up_s = runner.warm_up(verify=(1, draft_tokens(args) + 1) if args.speculate else None)
     compile_s = getattr(runner, "compile_time", 0.0)
 
     shown: list[str] = []  # the text so far: what an interrupted run still reports

@@ -355,8 +355,11 @@ class Engine:
         """The runner's warm-up (a prompt chunk, and a decode step at each of its decode sizes, on the
         scratch position) before serving: compiled backends compile every shape the engine will run
         here, not in someone's request (a decode size first met under load stalled every row for the
-        length of its compile). Call before ``start``; runs on the engine's thread; the seconds it took."""
-        return self.thread.run(self.runner.warm_up)
+        length of its compile), speculation's checks included. Call before ``start``; runs on the engine's
+        thread; the seconds it took."""
+        s = self.speculation
+        verify = None if s is None else (s.busy_rows(self.runner), s.draft_tokens + 1)
+        return self.thread.run(self.runner.warm_up, verify)
 
     def _check(self, prompt_ids: list[int], params: Params) -> None:
         positions, vocab = self.runner.cache.positions, self.runner.spec.vocab_size

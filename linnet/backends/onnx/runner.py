@@ -205,12 +205,12 @@ class OnnxRunner(Runner):
             self.binding.bind_ortvalue_input(name, value)
             self.binding.bind_ortvalue_output(f"{name}.out", value)
 
-    def warm_up(self) -> float:
+    def warm_up(self, verify: tuple[int, int] | None = None) -> float:
         """The runner's warm-up and, with the caches on the host (GroupQueryAttention), first prompts of up
         to a prompt chunk read on the scratch caches, and every page of the caches written once with the
         values it holds: a fresh server's first burst of prompts then finds ONNX Runtime's buffers grown
         and the cache's pages mapped, rather than paying both in its first tokens. No row changes."""
-        seconds = super().warm_up()
+        seconds = super().warm_up(verify)
         if self.options.attention != "gqa":
             return seconds
         start = time.perf_counter()

@@ -28,6 +28,8 @@ from linnet.rope import rope_tables
 from linnet.sampling import Sampling
 from linnet.weights import Weights
 
+SHORT_CHUNK = 32  # the longest chunk with every logit read that pads to a power of two, not a prefill chunk
+
 
 def load_generated_module(source: str) -> ModuleType:
     return generated.load_generated_module(source, "jax")
@@ -73,11 +75,11 @@ class XlaRunner(Runner):
         r, t = tokens.shape
         if t == 1 and select is None:  # a decode step: every row, one token
             return self._call(tokens, positions, rows, np.zeros((r, 1), np.int64))
-        length = self.padded_length
+        every = select is None
+        length = self._all_logits_length(t) if every else self.padded_length
         pad = ((0, 0), (0, length - t))
         tokens = np.pad(tokens, pad)
         positions = np.pad(positions, pad, constant_values=self.scratch_position)
-        every = select is None
         if select is None:
             select = np.broadcast_to(np.arange(length), (r, length))
         out = self._call(tokens, positions, rows, select)
@@ -85,8 +87,21 @@ class XlaRunner(Runner):
 
     @property
     def padded_length(self) -> int:
-        """The one length of every prefill chunk (a chunk never exceeds the cache)."""
+        """The one length of every prefill chunk whose last logits alone are read (a chunk never exceeds the
+        cache)."""
         return min(self.prefill_chunk, self.cache.positions)
+
+    def _all_logits_length(self, tokens: int) -> int:
+        """A chunk whose every position's logits are read pads to the next power of two up to
+        SHORT_CHUNK tokens (a speculative check of k + 1 tokens then computes at most 2k positions and
+        their logits, not a whole prefill chunk's: a few shapes, each compiled once), longer ones to
+        ``padded_length``."""
+        if tokens <= SHORT_CHUNK:
+            return min(1 << (tokens - 1).bit_length(), self.padded_length)
+        return self.padded_length
+
+    def all_logits_lengths(self, tokens: int) -> tuple[int, ...]:
+        return tuple(sorted({self._all_logits_length(t) for t in range(2, tokens + 1)}))
 
     # -- sampling on the device: only the chosen ids come back ----------------------------------------
     def _stack(self, picks: list[tuple[Any, int]]) -> jax.Array:
