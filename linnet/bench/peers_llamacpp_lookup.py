@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from linnet.errors import BackendUnavailable
+from linnet.errors import BackendUnavailable, LinnetError
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,12 @@ class LlamaCppLookup:
                 raise
             raise BackendUnavailable("llama-cpp-python is not installed (pip install llama-cpp-python)") from None
         settings: dict[str, Any] = dict(n_ctx=positions, n_threads=threads, n_threads_batch=threads, verbose=False)
-        self.plain = llama_cpp.Llama(str(path), **settings)
         drafter = LlamaPromptLookupDecoding(max_ngram_size=ngram, num_pred_tokens=draft_tokens)
-        self.lookup = llama_cpp.Llama(str(path), draft_model=drafter, **settings)
+        try:
+            self.plain = llama_cpp.Llama(str(path), **settings)
+            self.lookup = llama_cpp.Llama(str(path), draft_model=drafter, **settings)
+        except ValueError as e:  # llama-cpp-python's word for a file llama.cpp does not load
+            raise LinnetError(f"--peer llama.cpp: llama.cpp did not load {path} ({e})") from None
         self.described = (f"llama.cpp (llama-cpp-python {metadata.version('llama_cpp_python')}, "
                           f"LlamaPromptLookupDecoding(max_ngram_size={ngram}, num_pred_tokens={draft_tokens}))")
 

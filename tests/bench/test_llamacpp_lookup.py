@@ -9,6 +9,7 @@ import pytest
 from linnet.backends import CacheShape, create_runner
 from linnet.bench.peers_llamacpp_lookup import LlamaCppLookup
 from linnet.cli import main
+from linnet.errors import LinnetError
 from linnet.generation import generate
 from linnet.gguf.export import export_gguf
 from linnet.model import open_model
@@ -53,3 +54,11 @@ def test_bench_speculate_runs_llama_cpps_lookup_beside(checkpoint_dir, capsys, t
         assert isinstance(row["llamacpp_same_tokens"], bool)
     printed = capsys.readouterr().out
     assert "spec/lookup" in printed and "beside llama.cpp" in printed and "its GGUF export" in printed
+
+
+def test_a_file_llama_cpp_does_not_load_is_refused_by_name(tmp_path: Path):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + bytes(60))
+    with pytest.raises(LinnetError, match="llama.cpp did not load .*bad.gguf"):
+        LlamaCppLookup(bad, threads=1, positions=64, draft_tokens=4, ngram=2)
