@@ -25,6 +25,11 @@ SHAPES = {
         max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
         hidden_act="silu", use_sliding_window=False, sliding_window=32768, max_window_layers=21,
         bos_token_id=151643, eos_token_id=151645),
+    "qwen3-4b": dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=2560, intermediate_size=9728,
+        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+        hidden_act="silu", attention_bias=False, bos_token_id=151643, eos_token_id=151645),
     "gemma-2-2b-it": dict(
         architectures=["Gemma2ForCausalLM"], model_type="gemma2", hidden_size=2304, intermediate_size=9216,
         num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4, head_dim=256, vocab_size=256000,
