@@ -80,10 +80,8 @@ def _gguf_of(model: LoadedModel, dtype: str, scratch: ExitStack) -> Path:
     run's dtype (as ``linnet export gguf`` does) into a folder that is removed afterwards."""
     if model.path.is_file():
         return model.path
-    from linnet.gguf.export import TYPES, export_gguf
+    from linnet.gguf.export import export_gguf
 
-    if dtype not in TYPES:
-        raise LinnetError(f"--peer llama.cpp: Linnet writes GGUF in {', '.join(TYPES)}, not {dtype}")
     path = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="linnet-lookup-"))) / "model.gguf"
     export_gguf(model, path, dtype)
     return path
