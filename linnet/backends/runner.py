@@ -172,9 +172,6 @@ class Runner(ABC):
     # shapes on ONNX Runtime, 2 threads; docs/NOTEBOOK.md, 2026-12-03 20:00). Compiled backends would
     # build another shape for it, so they keep the last token's.
     reads_without_logits: bool = False
-    # whether one ``_forward`` reads several rows' chunks that follow a past (``verify``); where not (ONNX
-    # Runtime's GroupQueryAttention takes several rows of several tokens only without one), a call a row
-    chunks_together: bool = True
     # Set by ``_with_rings``: (slots, window) of each ring cache, the prefill chunk they were sized for
     # (None: no rings), and the bytes of keys and values a cache row holds.
     rings: frozenset[tuple[int, int]] = frozenset()
@@ -360,8 +357,8 @@ class Runner(ABC):
 
     def verify(self, chunks: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
         """Each row's ``chunk`` read at the row's length, and every position's logits [len(chunk), vocab] (host
-        f32): speculative decoding's check of a row's last token and its drafts. The rows go in one call
-        where the backend reads them together (``chunks_together``), the shorter chunks padded to the longest
+        f32): speculative decoding's check of a row's last token and its drafts. The rows go in one call,
+        the shorter chunks padded to the longest
         with positions past their own, which the row writes again before any query reads them. The rows'
         lengths stay: the caller counts the positions it keeps (``Speculator.settle``)."""
         if not chunks:
@@ -377,7 +374,7 @@ class Runner(ABC):
         width = max(len(chunk) for chunk in chunks.values())
         together = [row for row in sorted(chunks) if self.lengths[row] + width <= self.cache.positions]
         out: dict[int, np.ndarray] = {}
-        if self.chunks_together and len(together) > 1:
+        if len(together) > 1:
             tokens = np.zeros((len(together), width), dtype=np.int64)
             for i, row in enumerate(together):
                 tokens[i, :len(chunks[row])] = chunks[row]
@@ -426,9 +423,9 @@ class Runner(ABC):
 
     def verify_shapes(self, rows: int, tokens: int) -> list[tuple[int, int]]:
         """The (rows, length) calls that stand for every shape ``verify`` takes with up to ``rows`` rows
-        (in one call where the backend reads them together) of 2 to ``tokens`` tokens each (a row's last
+        (in one call) of 2 to ``tokens`` tokens each (a row's last
         token and at least one draft)."""
-        counts = range(1, min(rows, self.cache.rows) + 1) if self.chunks_together else range(1, 2)
+        counts = range(1, min(rows, self.cache.rows) + 1)
         return [(n, width) for n in counts for width in self.all_logits_lengths(min(tokens, self.prefill_chunk))]
 
     def all_logits_lengths(self, tokens: int) -> tuple[int, ...]:

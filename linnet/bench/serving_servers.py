@@ -39,7 +39,7 @@ from linnet.bench.serving_client import OPENAI, TRITON
 from linnet.dtypes import DTYPES
 from linnet.model import open_spec
 from linnet.serve.engine import STEP_PROMPT_TOKENS
-from linnet.serve.speculation import DEFAULT_ROWS, DEFAULT_ROWS_A_CALL_EACH
+from linnet.serve.speculation import DEFAULT_ROWS
 from linnet.speculative.ngram import NGRAM
 from linnet.speculative.speculator import DRAFT_TOKENS
 
@@ -160,8 +160,7 @@ def make_server(spec: str, model: str, hf_dir: Path | None, port: int, positions
         if speculate:
             flags.extend(["--speculate", "ngram"])
             notes.append(f"speculative decoding by prompt lookup (--speculate ngram: at most {DRAFT_TOKENS} drafts a "
-                         f"step, n-grams of up to {NGRAM} tokens), while at most {DEFAULT_ROWS} rows are busy "
-                         f"({DEFAULT_ROWS_A_CALL_EACH} on onnx, which checks a row's drafts a call)")
+                         f"step, n-grams of up to {NGRAM} tokens), while at most {DEFAULT_ROWS} rows are busy")
         if kind == "ray":
             ray_flags, threads = ray_scale(replicas, threads, round_robin, notes)
             flags += ray_flags

@@ -9,7 +9,7 @@ from linnet.commands._checks import whole
 from linnet.errors import LinnetError
 from linnet.model import LoadedModel, open_model
 from linnet.sampling import Sampling
-from linnet.serve.speculation import DEFAULT_ROWS, DEFAULT_ROWS_A_CALL_EACH, Speculation
+from linnet.serve.speculation import DEFAULT_ROWS, Speculation
 from linnet.speculative import Drafter, DraftModel, PromptLookup, Speculator, check_same_tokenizer
 from linnet.speculative.ngram import NGRAM
 from linnet.speculative.speculator import DRAFT_TOKENS
@@ -24,8 +24,7 @@ def add_speculation_arguments(parser: argparse.ArgumentParser | argparse._Argume
                                  "(prompt lookup), or a draft MODEL of the same tokenizer (a cache row beside each of "
                                  "the target's), while at most --speculate-rows rows are busy (docs/SPECULATIVE.md)")
         parser.add_argument("--speculate-rows", type=whole(1), default=None, metavar="N",
-                            help=f"with --speculate: speculate while at most N rows are busy (default: {DEFAULT_ROWS}, "
-                                 f"or {DEFAULT_ROWS_A_CALL_EACH} on a backend that checks a row's drafts a call: onnx)")
+                            help=f"with --speculate: speculate while at most N rows are busy (default: {DEFAULT_ROWS})")
     else:
         parser.add_argument("--speculate", default=None, metavar="ngram|MODEL",
                             help="speculative decoding, exact: 'ngram' drafts from the prompt and output (prompt "
@@ -60,7 +59,7 @@ def serving_speculation(args: argparse.Namespace) -> Speculation | None:
     if getattr(args, "num_processes", 1) > 1:
         raise LinnetError("--speculate does not run with --num-processes: the other processes follow process 0's "
                           "batched steps only")
-    return Speculation(draft_tokens(args), args.ngram or NGRAM, args.speculate_rows)
+    return Speculation(draft_tokens(args), args.ngram or NGRAM, args.speculate_rows or DEFAULT_ROWS)
 
 
 def make_speculator(args: argparse.Namespace, model: LoadedModel, runner: Runner, sampling: Sampling,

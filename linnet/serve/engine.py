@@ -53,7 +53,7 @@ from linnet.serve.logits import Constraint, Penalties, RowLogits, TokenLogprob
 from linnet.serve.metrics import Metrics
 from linnet.serve.model_thread import ModelThread
 from linnet.serve.speculation import Speculation, speculates
-from linnet.speculative import Speculator
+from linnet.speculative import Proposal, Speculator
 from linnet.tokenizer import Tokenizer
 
 log = logging.getLogger("linnet.serve")
@@ -358,7 +358,7 @@ class Engine:
         length of its compile), speculation's checks included. Call before ``start``; runs on the engine's
         thread; the seconds it took."""
         s = self.speculation
-        verify = None if s is None else (s.busy_rows(self.runner), s.draft_tokens + 1)
+        verify = None if s is None else (s.rows, s.draft_tokens + 1)
         return self.thread.run(self.runner.warm_up, verify)
 
     def _check(self, prompt_ids: list[int], params: Params) -> None:
@@ -559,7 +559,7 @@ class Engine:
             budget -= sum(len(p.tokens) for p in group)
             self._admit_waiting()
         decode = [d for run, d in decoding if self._running.get(d.row) is run]
-        if decode and self.speculation is not None and len(self._running) <= self.speculation.busy_rows(self.runner):
+        if decode and self.speculation is not None and len(self._running) <= self.speculation.rows:
             verified, decode = self._speculate(decode)
             sampled += verified
         if decode:
@@ -601,33 +601,43 @@ class Engine:
         return sampled
 
     def _speculate(self, decode: list[Decode]) -> tuple[int, list[Decode]]:
-        """Check the drafts of the decoding rows that speculate (``linnet.serve.speculation``) and have some,
-        in one ``Runner.verify``; the tokens it gave, and the rows left to decode as usual."""
+        """Check the drafts of the decoding rows that speculate (``linnet.serve.speculation``), at most
+        ``Speculation.drafts_each`` a row, in one ``Runner.verify`` that takes the speculating rows without
+        drafts too (their last token alone), so the step reads the weights once; the tokens it gave, and
+        the rows left to decode as usual (all of them where no row has drafts)."""
         assert self.speculation is not None
-        proposals, rest = {}, []
+        speculating: list[Decode] = []
+        rest: list[Decode] = []
         for d in decode:
             run = self._running[d.row]
-            params = run.request.params
-            if not speculates(params.sampling, run.control() is not None):
-                rest.append(d)
-                continue
+            (speculating if speculates(run.request.params.sampling, run.control() is not None) else rest).append(d)
+        if not speculating:
+            return 0, decode
+        each = self.speculation.drafts_each(len(speculating))
+        proposals: dict[int, Proposal | None] = {}
+        for d in speculating:
+            run = self._running[d.row]
             if run.speculator is None:
-                run.speculator = self.speculation.speculator(self.runner, d.row, params.sampling)
-            proposal = run.speculator.propose([*run.request.prompt_ids, *run.generated], run.max_tokens - run.sampled)
-            if proposal is None:
-                rest.append(d)
+                run.speculator = self.speculation.speculator(self.runner, d.row, run.request.params.sampling)
+            room = min(run.max_tokens - run.sampled, each + 1)
+            proposal = run.speculator.propose([*run.request.prompt_ids, *run.generated], room)
+            if proposal is None and self.runner.lengths[d.row] >= self.runner.cache.positions:
+                rest.append(d)  # a full row: its decode reports it
             else:
                 proposals[d.row] = proposal
-        if not proposals:
+        if not any(proposals.values()):
             return 0, decode
-        logits = self.runner.verify({row: [self._running[row].decode(row).token, *p.tokens]
+        logits = self.runner.verify({row: [self._running[row].decode(row).token, *(p.tokens if p else [])]
                                      for row, p in proposals.items()})
         sampled = 0
         for row, proposal in proposals.items():
             run = self._running[row]
             assert run.speculator is not None
-            tokens = run.speculator.settle(logits[row], proposal)
-            self.metrics.speculated(len(proposal.tokens), len(tokens) - 1)
+            if proposal is None:
+                tokens = run.speculator.settle_one(logits[row])
+            else:
+                tokens = run.speculator.settle(logits[row], proposal)
+                self.metrics.speculated(len(proposal.tokens), len(tokens) - 1)
             sampled += len(tokens)
             self._take(run, tokens)
         return sampled, rest

@@ -18,27 +18,25 @@ from linnet.speculative import Drafter, DraftModel, PromptLookup, Speculator
 from linnet.speculative.ngram import NGRAM
 from linnet.speculative.speculator import DRAFT_TOKENS, check_draft_tokens
 
-# Busy rows up to which rows speculate, by default: 4 where one call checks every row's drafts (1-4
-# requests in flight, where the step is bound by reading the weights); 1 where the backend checks a row a
-# call (ONNX Runtime's GQA): there each speculating row reads the weights once more, and four copying
-# requests speculating ran at half the batched decode step's speed (docs/SPECULATIVE.md).
-DEFAULT_ROWS, DEFAULT_ROWS_A_CALL_EACH = 4, 1
+# Busy rows up to which rows speculate, by default: 1-4 requests in flight, where the step is bound by
+# reading the weights and one call checks every speculating row's drafts (docs/SPECULATIVE.md).
+DEFAULT_ROWS = 4
 
 
 @dataclass(frozen=True)
 class Speculation:
-    """At most ``draft_tokens`` drafts a row a step, used while at most ``rows`` rows are busy (None:
-    ``busy_rows``' default for the runner), drafted by prompt lookup of n-grams up to ``ngram`` tokens, or
-    by the draft model of ``draft``, a runner with the target's rows and positions (its tokenizer checked
-    to be the target's by whoever opened it: ``linnet.speculative.check_same_tokenizer``)."""
+    """At most ``draft_tokens`` drafts a row a step, used while at most ``rows`` rows are busy, drafted by
+    prompt lookup of n-grams up to ``ngram`` tokens, or by the draft model of ``draft``, a runner with the
+    target's rows and positions (its tokenizer checked to be the target's by whoever opened it:
+    ``linnet.speculative.check_same_tokenizer``)."""
 
     draft_tokens: int = DRAFT_TOKENS
     ngram: int = NGRAM
-    rows: int | None = None
+    rows: int = DEFAULT_ROWS
     draft: Runner | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        if self.draft_tokens < 1 or self.ngram < 1 or (self.rows is not None and self.rows < 1):
+        if self.draft_tokens < 1 or self.ngram < 1 or self.rows < 1:
             raise LinnetError(f"speculation needs at least one draft token, n-gram token and row, got "
                               f"{self.draft_tokens}, {self.ngram} and {self.rows}")
 
@@ -49,11 +47,12 @@ class Speculation:
             raise LinnetError(f"the draft model's runner has {draft.cache.rows} rows of {draft.cache.positions} "
                               f"positions; it needs the target's {cache.rows} of {cache.positions}")
 
-    def busy_rows(self, runner: Runner) -> int:
-        """The most busy rows at which rows speculate on ``runner``."""
-        if self.rows is not None:
-            return self.rows
-        return DEFAULT_ROWS if runner.chunks_together else DEFAULT_ROWS_A_CALL_EACH
+    def drafts_each(self, rows: int) -> int:
+        """The most drafts each of ``rows`` speculating rows proposes in a step. The step checks at most
+        ``draft_tokens + 1`` positions in all, one row's whole check, so that it stays about one pass over
+        the weights: four rows each checking 9 positions in one call ran at 0.66x of their batched decode
+        (docs/SPECULATIVE.md)."""
+        return max(1, (self.draft_tokens + 1) // rows - 1)
 
     def speculator(self, runner: Runner, row: int, sampling: Sampling) -> Speculator:
         """A new request's speculator in ``row``."""

@@ -69,6 +69,14 @@ class Speculator:
         self.k = min(self.most, 2 * self.k) if kept == len(proposal.tokens) else kept + 1
         return tokens
 
+    def settle_one(self, logits: np.ndarray) -> list[int]:
+        """The target's next token from ``logits`` [1, vocab] over the row's last token, checked without
+        drafts beside rows that had some (``linnet serve``: one call for every speculating row); the row's
+        length counts the token, and k stays."""
+        tokens = verify(logits[:1], Proposal([]), self.sampling, self.rng)
+        self.runner.lengths[self.row] += 1
+        return tokens
+
     def report(self) -> dict[str, float | int | str]:
         return {"drafter": self.drafter.name, "draft_tokens": self.most, "drafted": self.drafted,
                 "accepted": self.accepted, "verify_calls": self.verified,

@@ -100,13 +100,32 @@ def test_more_drafts_than_a_chunk_holds_are_refused(model):
         Engine(runner, model.tokenizer, speculation=Speculation(draft_tokens=runner.prefill_chunk))
 
 
-def test_by_default_a_backend_that_checks_a_row_a_call_speculates_alone(model):
-    """Where each speculating row costs a pass over the weights (ONNX Runtime's GQA), only one busy row
-    speculates; where one call checks them all, up to four."""
-    assert Speculation().busy_rows(runner_for(model, "reference:numpy", rows=4)) == 4
-    onnx = runner_for(model, "onnx:cpu", rows=4)
-    assert not onnx.chunks_together and Speculation().busy_rows(onnx) == 1
-    assert Speculation(rows=3).busy_rows(onnx) == 3
+def test_a_step_checks_every_speculating_row_in_one_call_within_one_rows_check(model, monkeypatch):
+    """Three rows speculating: each verify call holds at most draft_tokens + 1 positions in all (the drafts
+    shared out), and rows without drafts are checked there by their last token rather than decoded in a
+    second call; the tokens are the engine's own without speculation."""
+    runner = runner_for(model, "reference:numpy", rows=3)
+    requests = [(LOOPING, Params(max_tokens=24, ignore_eos=True)), (OTHER, Params(max_tokens=24, ignore_eos=True)),
+                ([3, 4, 5, 6, 7, 8], Params(max_tokens=24, ignore_eos=True))]
+    expected, _ = serve_all(runner, model.tokenizer, requests, None)
+    checks, left = [], []
+    verify, speculate = runner.verify, Engine._speculate
+    monkeypatch.setattr(runner, "verify", lambda chunks: checks.append(sorted(map(len, chunks.values())))
+                        or verify(chunks))
+
+    def speculate_and_keep(engine, decode):
+        verified, rest = speculate(engine, decode)
+        left.extend(rest if verified else [])  # rows a step with a check left to decode
+        return verified, rest
+
+    monkeypatch.setattr(Engine, "_speculate", speculate_and_keep)
+    got, metrics = serve_all(runner, model.tokenizer, requests, Speculation(draft_tokens=6))
+    assert [g.token_ids for g in got] == [e.token_ids for e in expected]
+    assert metrics.drafted_tokens > 0 and not left
+    assert all(sum(lengths) <= 6 + 1 for lengths in checks)
+    each = Speculation(draft_tokens=6).drafts_each(3)
+    assert max(max(lengths) for lengths in checks if len(lengths) == 3) == 1 + each
+    assert any(lengths[0] == 1 and lengths[-1] > 1 for lengths in checks)  # a row without drafts beside one with
 
 
 @pytest.fixture(scope="module")

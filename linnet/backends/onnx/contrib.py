@@ -188,10 +188,11 @@ class OrtEmitter(Emitter):
         (past_k, k), (past_v, v) = self._appended.pop(cache_k), self._appended.pop(cache_v)
         seqlens, total = self._gqa_lengths()
         out = self.fresh("attn")
-        # after the rotary tables (none), position_ids and attention_bias (none)
-        tables = ["", "", "", "", sinks] if sinks is not None else []
+        # after the lengths: the rotary tables, position_ids and attention_bias (none), head_sink, the cache's
+        # scales and q/k norm weights (none), and query_seqlens
+        rest = ["", "", "", "", sinks or "", "", "", "", "", self._gqa_query_lengths()]
         self.nodes.append(helper.make_node(
-            "GroupQueryAttention", [self.flat(q), k, v, past_k, past_v, seqlens, total, *tables],
+            "GroupQueryAttention", [self.flat(q), k, v, past_k, past_v, seqlens, total, *rest],
             [out, cache_k, cache_v], name=out, domain="com.microsoft", num_heads=heads,
             kv_num_heads=self.kv_heads(op.inputs[1]), **attrs))
         return self.rounded(out)
@@ -204,6 +205,15 @@ class OrtEmitter(Emitter):
             longest = self.node("Add", [self.node("ReduceMax", [last], "max_pos", keepdims=0), self._one()], "total")
             return self.cast(last, "i32", "seqlens_k"), self.cast(longest, "i32", "total_len")
         return self._once("gqa_lengths", build)
+
+    def _gqa_query_lengths(self) -> str:
+        """GroupQueryAttention's query_seqlens: every row's chunk is whole ([R] int32, each the step's
+        length). Given, the kernel reads several rows of several tokens that follow a past in one call."""
+        def build() -> str:
+            rows = self.node("Shape", ["positions"], "step_rows", start=0, end=1)
+            length = self.node("Shape", ["positions"], "step_length", start=1, end=2)
+            return self.cast(self.node("Expand", [length, rows], "query_lengths"), "i32", "query_seqlens")
+        return self._once("gqa_query_lengths", build)
 
     def experts(self, op: Op, x: str, logits: str, stacks: tuple[str, str, str],
                 biases: tuple[str | None, ...]) -> str:

@@ -105,7 +105,6 @@ class OnnxRunner(Runner):
         self.reads_without_logits = mode == "cpu"
         self.device = DEVICES[mode]
         self.options = graph_options(mode, dtype, weights.spec, cache)
-        self.chunks_together = self.options.attention != "gqa"  # ``Runner.verify``: see ``_forward``
         if quantize is None:
             quantize = "gguf" if mode == "cpu" else "none"
         if quantize not in ("none", "gguf"):
@@ -233,6 +232,8 @@ class OnnxRunner(Runner):
         if tokens.shape[1] > 1 and len(rows) > 1:
             if not positions[:, 0].any():  # first prompts: one batch (``_first_prompts``)
                 return self._first_prompts(tokens, positions, rows, select)
+            if all(_contiguous(p) for p in positions):  # chunks after a past (``Runner.verify``)
+                return self._in_runs(tokens, positions, rows, select)
             return _stacked([self._forward(tokens[i:i + 1], positions[i:i + 1], rows[i:i + 1], select[i:i + 1])
                              for i in range(len(rows))])
         if not _contiguous(positions[0]):
@@ -250,6 +251,22 @@ class OnnxRunner(Runner):
                 host[target, :, :span] = host[source, :, :span]
                 cache.update_inplace(host)
 
+    def _in_runs(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray) -> StepOutput:
+        """Several rows' chunks that follow their pasts: a call for each run of consecutive rows, its window
+        of the cache (GroupQueryAttention appends a chunk to every row it is given, so a row between two
+        of the call's would be written too)."""
+        order = np.argsort(rows, kind="stable")
+        runs = np.split(order, np.flatnonzero(np.diff(rows[order]) != 1) + 1)
+        if len(runs) == 1:
+            out = self._window(tokens[order], positions[order], rows[order], select[order])
+            return StepOutput(out.logits, out.ids[np.argsort(order)], np.argsort(order))
+        steps = [(run, self._window(tokens[run], positions[run], rows[run], select[run])) for run in runs]
+        logits = np.empty((len(rows), *steps[0][1].host_logits().shape[1:]), np.float32)
+        ids = np.empty(select.shape, np.int64)
+        for run, step in steps:
+            logits[run], ids[run] = step.host_logits(), step.ids
+        return StepOutput(logits, ids)
+
     def _forward_each(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray):
         """A one-row step with scattered positions, a token at a time in order of position."""
         steps = {}
@@ -259,9 +276,9 @@ class OnnxRunner(Runner):
         return StepOutput(logits, np.stack([steps[t].ids[:, 0] for t in select[0]], axis=1))
 
     def _first_prompts(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray):
-        """Several rows' prompts from position 0, as one batch: GroupQueryAttention takes several rows of
-        several tokens only where none has a past. Consecutive rows (in any order) are their window of
-        the cache; others are written into a scratch cache of the prompts' length, then copied into them."""
+        """Several rows' prompts from position 0, as one batch. Consecutive rows (in any order) are their
+        window of the cache; others are written into a scratch cache of the prompts' length, then copied
+        into them."""
         order = np.argsort(rows)
         if (rows[order] == rows[order[0]] + np.arange(len(rows))).all():
             out = self._window(tokens[order], positions[order], rows[order], select[order])
@@ -297,7 +314,7 @@ class OnnxRunner(Runner):
         slot = rows - first
         if last - first == len(rows) and (slot == np.arange(len(rows))).all():
             return self._run(tokens, positions, slot, select)
-        size = last - first  # only one-token steps get here (several tokens of several rows go a row at a time)
+        size = last - first  # several tokens a row come in runs of consecutive rows: ``_in_runs``
         full_tokens = np.zeros((size, 1), np.int64)
         full_positions = np.full((size, 1), self.scratch_position, np.int64)
         full_select = np.zeros((size, select.shape[1]), np.int64)

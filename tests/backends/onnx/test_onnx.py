@@ -194,6 +194,29 @@ def test_a_window_of_rows_leaves_the_rows_outside_it_alone(checkpoint_dir):
         assert not np.array_equal(old[2], new[2])  # position 3 of row 2 was written
 
 
+def test_several_rows_chunks_after_their_pasts_go_in_a_call_a_run_of_rows(checkpoint_dir, monkeypatch):
+    """Speculation's checks (``Runner.verify``) of rows 0, 1, 2 and 4: GroupQueryAttention reads the
+    consecutive rows' chunks, of different lengths, in one call and row 4's in another; every position's
+    logits are the reference's, and row 3, between the calls' rows, keeps its cache."""
+    weights = open_model(str(checkpoint_dir(CASE))).weights
+    runner = create_runner("onnx:cpu", weights, CacheShape(5, 32))
+    reference = create_runner("reference:numpy", weights, CacheShape(5, 32))
+    for each in (runner, reference):
+        for row in range(5):
+            each.prefill(row, [5 + row, 17, 101, 7][:2 + row % 3])
+    before = [c[3].copy() for c in runner.caches]
+    calls = []
+    run = runner._run
+    monkeypatch.setattr(runner, "_run", lambda tokens, *rest: calls.append(tokens.shape) or run(tokens, *rest))
+    chunks = {4: [9, 8, 7], 0: [3, 4], 2: [11, 12, 13, 14], 1: [6, 6, 6]}
+    got, want = runner.verify(chunks), reference.verify(chunks)
+    assert sorted(calls) == [(1, 4), (3, 4)]
+    for row, chunk in chunks.items():
+        assert got[row].shape == (len(chunk), weights.spec.vocab_size)
+        assert np.abs(got[row] - want[row]).max() <= 1e-4
+    assert all(np.array_equal(old, new[3]) for old, new in zip(before, runner.caches))
+
+
 def test_first_prompts_of_rows_apart_share_one_scratch_and_give_what_each_gives_alone(checkpoint_dir):
     """Groups of rows that are not consecutive are read on one scratch kept between calls: a wider group
     grows it, a narrower one reads a part of it, and each row's cache ends up as its prompt read alone."""
