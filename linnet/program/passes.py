@@ -209,12 +209,13 @@ def block_forms(program: Program, weights: Any, quantize: str, runs: tuple[str, 
     if quantize == "none":
         return {}
     types = infer_types(program)  # by program section: "layer", or "layer.<kind>" with several kinds
-    expert_stacks = {op.inputs[i] for section in program.sections().values() for op in section.ops
-                     if op.kind == "moe" for i in (2, 3, 4)}
+    moes = [op for section in program.sections().values() for op in section.ops if op.kind == "moe"]
+    expert_stacks = {op.inputs[i] for op in moes for i in (2, 3, 4)}
+    expert_biases = {name for op in moes for name in op.inputs[5:]}  # [experts, out]: no matrices
     matrices, stack_names = set(), set()
     for section, env in types.items():
         for name, value in env.items():
-            if name.startswith("w.") and (len(value.shape) == 2 or name in expert_stacks):
+            if name.startswith("w.") and name not in expert_biases and (len(value.shape) == 2 or name in expert_stacks):
                 matrices.add((plan_section(section), name[2:]))
                 if name in expert_stacks:
                     stack_names.add((plan_section(section), name[2:]))

@@ -373,3 +373,43 @@ def test_experts_quantised_at_load_run_in_their_blocks_on_onnx_runtime(form, moe
     assert_runs_as_the_program(runner, model.weights, program)
     q4_1 = PROGRAMS["onnx:cpu"](model.weights, "q4_1")
     assert not STACKS & {name for _, name, _ in q4_1.quantized} and q4_1.quantized
+
+
+@pytest.mark.parametrize("form", ["q8_0", "q4_0", "q4_1"])
+@pytest.mark.parametrize("case", sorted(MOE_CASES))
+def test_experts_quantised_at_load_run_in_their_blocks_on_torch(case, form, moe_checkpoint):
+    """``--quantize`` on torch puts the expert stacks in blocks as well, in each form it runs (its Blocks
+    dequantise the chosen experts where a product reads them, in f32: the Program's values exactly)."""
+    model = open_model(str(moe_checkpoint(case)))
+    runner = create_runner("torch:eager", model.weights, CacheShape(1, 64), quantize=form)
+    program = PROGRAMS["torch:eager"](model.weights, form)
+    assert {(name, f) for _, name, f in program.quantized if name in STACKS} == {(name, form) for name in STACKS}
+    assert runner.describe()["blocks"] == form and not program.int8_activations
+    assert_runs_as_the_program(runner, model.weights, program)
+
+
+def test_a_q8_0_gguf_files_experts_run_in_their_blocks_on_torch(moe_checkpoint, tmp_path):
+    """The file's own q8_0 stacks, read as the file holds them: no float copy of an expert is made."""
+    model = open_model(str(export_gguf(open_model(str(moe_checkpoint("mixtral-blocks"))), tmp_path / "m.gguf", "q8_0")))
+    runner = create_runner("torch:eager", model.weights, CacheShape(1, 64), quantize="gguf")
+    program = PROGRAMS["torch:eager"](model.weights, "gguf")
+    stacks = {(name, form) for _, name, form in program.quantized if name in STACKS}
+    assert stacks == {(name, "q8_0") for name in STACKS}
+    floats = [name for name, t in runner.model.named_buffers()
+              if "expert_" in name and t.is_floating_point() and not name.endswith((".scales", "_bias"))]
+    assert not floats  # the stacks are codes and scales only
+    assert_runs_as_the_program(runner, model.weights, program)
+
+
+@pytest.mark.slow
+def test_the_compiled_decode_step_with_experts_in_blocks_matches_eager(moe_checkpoint):
+    """q4_1 stacks (the form with mins) beside dense matrices in blocks: inductor's decode step, which
+    dequantises each chosen expert's blocks inside its product's loop, against eager's."""
+    model = open_model(str(moe_checkpoint("granitemoe-blocks")))
+    steps = []
+    for backend in ("torch:inductor", "torch:eager"):
+        runner = create_runner(backend, model.weights, CacheShape(1, 64), quantize="q4_1")
+        token = int(runner.prefill(0, PROMPT[:8]).argmax())
+        steps.append(runner.decode([token])[0])
+    assert np.abs(steps[0] - steps[1]).max() <= 1e-4 * np.abs(steps[1]).max()
+

@@ -119,7 +119,7 @@ def test_a_step_checks_every_speculating_row_in_one_call_within_one_rows_check(m
         return verified, rest
 
     monkeypatch.setattr(Engine, "_speculate", speculate_and_keep)
-    got, metrics = serve_all(runner, model.tokenizer, requests, Speculation(draft_tokens=6))
+    got, metrics = serve_all(runner, model.tokenizer, requests, Speculation(draft_tokens=6, rows=3))
     assert [g.token_ids for g in got] == [e.token_ids for e in expected]
     assert metrics.drafted_tokens > 0 and not left
     assert all(sum(lengths) <= 6 + 1 for lengths in checks)

@@ -106,7 +106,7 @@ def step_function_parts() -> dict[str, str]:
 
 def _without_blocks(linear: str) -> str:
     """The ``linear`` part for a program with no matrix in blocks: its ``isinstance(w, Blocks)`` branch
-    dropped and its weight a tensor, so that the file names no ``Blocks``."""
+    dropped and its weight a tensor, so that the file names no ``Blocks`` (``_tensors_only``)."""
     lines = linear.splitlines(keepends=True)
     branches = [node for node in ast.walk(ast.parse(linear)) if isinstance(node, ast.If)
                 and ast.unparse(node.test) == "isinstance(w, Blocks)"]
@@ -115,7 +115,12 @@ def _without_blocks(linear: str) -> str:
     (branch,) = branches
     assert branch.end_lineno is not None
     kept = lines[:branch.lineno - 1] + lines[branch.end_lineno:]
-    return "".join(kept).replace('"torch.Tensor | Blocks"', "torch.Tensor")
+    return _tensors_only("".join(kept))
+
+
+def _tensors_only(part: str) -> str:
+    """A part's weights annotated as tensors, not ``Blocks``, for a program with no matrix in blocks."""
+    return part.replace('"torch.Tensor | Blocks"', "torch.Tensor")
 
 
 def _functions(blocks: bool, used: set[str], rings: bool) -> str:
@@ -124,7 +129,8 @@ def _functions(blocks: bool, used: set[str], rings: bool) -> str:
     names = ["norms", "linear", "rms_linear", *(["blocks"] if blocks else []),
              *(["layer_norm"] if "layer_norm" in used else []), *(["moe"] if "moe" in used else []),
              *(["rings"] if rings else []), "ops"]
-    texts = [parts[name] if name != "linear" or blocks else _without_blocks(parts[name]) for name in names]
+    texts = [parts[name] if blocks else _without_blocks(parts[name]) if name == "linear" else _tensors_only(parts[name])
+             for name in names]
     return "\n\n".join(texts)
 
 

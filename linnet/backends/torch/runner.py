@@ -32,7 +32,7 @@ from linnet.program import (
     quantize_weights,
 )
 from linnet.program.ops import features
-from linnet.quantize import block_names, check_form
+from linnet.quantize import MADE, block_names, check_form
 from linnet.rope import rope_tables
 from linnet.sampling import Sampling
 from linnet.spec import ModelSpec
@@ -49,7 +49,8 @@ def torch_program(spec: ModelSpec, dtype: str = "f32", weight_dtype: str | None 
     """The program the torch backend runs. ``quantize``: "none"; a form (``linnet.quantize.FORMS``) for
     every matrix; or "gguf": each matrix as ``weights`` stores it where that is a block form (a GGUF file's)."""
     program = fuse_norm_linears(fuse_projections(build_program(spec, dtype, weight_dtype)))
-    forms = block_forms(program, weights, quantize)  # the forms its Blocks dequantise: linnet.quantize.MADE
+    # the forms its Blocks dequantise (linnet.quantize.MADE), experts' stacks included
+    forms = block_forms(program, weights, quantize, stacks=MADE)
     # A matrix in blocks keeps its values: its norm's weight multiplies x instead of being folded in.
     return quantize_weights(program, forms) if forms else fold_norm_weights(program)
 

@@ -129,7 +129,8 @@ class Blocks(torch.nn.Module):
     """A matrix [out, in] in llama.cpp's blocks of 32 along `in`, given as the bytes a GGUF file holds:
     per block an f16 scale d (q4_1: then an f16 min m), then 32 codes q. q8_0: q int8, w = d * q; q4_0
     and q4_1: two codes a byte (element j in the low nibble, j + 16 in the high), w = d * (q - 8) and
-    w = d * q + m. `scales`, `mins` and `codes` are views of those bytes, not copies."""
+    w = d * q + m. `scales`, `mins` and `codes` are views of those bytes, not copies. A stack of such
+    matrices (a mixture's experts, [experts, out, in]) is one Blocks too, its experts read by index."""
 
     BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
     scales: torch.Tensor
@@ -139,8 +140,8 @@ class Blocks(torch.nn.Module):
     def __init__(self, form: str, data: torch.Tensor):
         super().__init__()
         self.form = form
-        blocks = data.view(data.shape[0], -1, self.BYTES[form])  # [out, in / 32, bytes]
-        self.register_buffer("scales", blocks[..., :2].view(torch.float16), persistent=False)  # [out, in / 32, 1]
+        blocks = data.view(*data.shape[:-1], -1, self.BYTES[form])  # [(experts,) out, in / 32, bytes]
+        self.register_buffer("scales", blocks[..., :2].view(torch.float16), persistent=False)  # [..., in / 32, 1]
         if form == "q4_1":
             self.register_buffer("mins", blocks[..., 2:4].view(torch.float16), persistent=False)
         codes = blocks[..., 4 if form == "q4_1" else 2:]
@@ -150,16 +151,18 @@ class Blocks(torch.nn.Module):
     def device(self) -> torch.device:
         return self.codes.device
 
-    def dequantize(self, dtype: torch.dtype, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """The matrix, or its `rows` (an embedding's lookup), in dtype."""
-        codes, d = self.codes, self.scales.float()
-        if rows is not None:
-            codes, d = codes[rows], d[rows]
+    def dequantize(self, dtype: torch.dtype, rows: "torch.Tensor | int | None" = None) -> torch.Tensor:
+        """The matrix, or its `rows` (an embedding's lookup; a stack's experts), in dtype."""
+        codes, d = self.codes, self.scales
+        m = self.mins if self.form == "q4_1" else None
+        if rows is not None:  # indexed before widening: a stack's other experts are not read
+            codes, d, m = codes[rows], d[rows], None if m is None else m[rows]
+        d = d.float()
         if self.form == "q8_0":
             w = codes.float() * d
         else:
             q = torch.cat((codes & 15, codes >> 4), -1).float()
-            w = q * d + (self.mins if rows is None else self.mins[rows]).float() if self.form == "q4_1" else (q - 8) * d
+            w = q * d + m.float() if m is not None else (q - 8) * d
         return w.flatten(-2).to(dtype)
 
     def decode_product(self, x: torch.Tensor) -> torch.Tensor:
@@ -190,9 +193,9 @@ def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float, dt
 
 
 # part: moe
-def moe(x: torch.Tensor, router: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-        *biases: torch.Tensor, top_k: int, gating: str, activation: str, normalize: bool = False,
-        alpha: float | None = None, limit: float | None = None, router_bias: bool = False,
+def moe(x: torch.Tensor, router: torch.Tensor, gate: "torch.Tensor | Blocks", up: "torch.Tensor | Blocks",
+        down: "torch.Tensor | Blocks", *biases: torch.Tensor, top_k: int, gating: str, activation: str,
+        normalize: bool = False, alpha: float | None = None, limit: float | None = None, router_bias: bool = False,
         expert_bias: bool = False) -> torch.Tensor:
     """A mixture of experts on x [R, T, D]: router [E, D]; each expert's gate and up [E, F, D] and down
     [E, D, F]; after them the router's bias, then the experts' gate, up and down biases, as the flags say.
@@ -230,16 +233,26 @@ def moe(x: torch.Tensor, router: torch.Tensor, gate: torch.Tensor, up: torch.Ten
     for e in chosen.unique().tolist():  # the experts chosen, in ascending order
         token, slot = (chosen == e).nonzero(as_tuple=True)
         h = tokens[token][None]
-        g = linear(h, gate[e], None if g_bias is None else g_bias[e])
-        u = linear(h, up[e], None if u_bias is None else u_bias[e])
-        y = linear(activate(g, u), down[e], None if d_bias is None else d_bias[e])[0]
+        g = linear(h, expert(gate, e, h.dtype), None if g_bias is None else g_bias[e])
+        u = linear(h, expert(up, e, h.dtype), None if u_bias is None else u_bias[e])
+        y = linear(activate(g, u), expert(down, e, h.dtype), None if d_bias is None else d_bias[e])[0]
         out.index_add_(0, token, y * weights[token, slot][:, None])
     return out.view_as(x)
 
 
-def gathered_experts(tokens: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor,
-                     up: torch.Tensor, down: torch.Tensor, g_bias: torch.Tensor | None, u_bias: torch.Tensor | None,
-                     d_bias: torch.Tensor | None, activate) -> torch.Tensor:
+def expert(stack: "torch.Tensor | Blocks", chosen: "torch.Tensor | int", dtype: torch.dtype) -> torch.Tensor:
+    """The matrices of the ``chosen`` experts of a stack: a float one as it is stored; one in blocks
+    dequantised where they are read, inside the product's loop in a compiled step. (A module without
+    blocks defines no Blocks: the test is on the tensor.)"""
+    if isinstance(stack, torch.Tensor):
+        return stack[chosen]
+    return stack.dequantize(dtype, chosen)
+
+
+def gathered_experts(tokens: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
+                     gate: "torch.Tensor | Blocks", up: "torch.Tensor | Blocks", down: "torch.Tensor | Blocks",
+                     g_bias: torch.Tensor | None, u_bias: torch.Tensor | None, d_bias: torch.Tensor | None,
+                     activate) -> torch.Tensor:
     """The experts of a compiled step, tokens [N, D] with their picks chosen and weights [N, top_k]: each
     token's experts' matrices gathered (stack[chosen]) into sums of products, which inductor computes in
     loops that read the chosen experts' rows where they lie, and no other expert's (Linnet's runner
@@ -248,10 +261,10 @@ def gathered_experts(tokens: torch.Tensor, chosen: torch.Tensor, weights: torch.
     chosen, slot = chosen.sort(-1)
     weights = weights.gather(-1, slot)
     h = tokens[:, None, None]  # [N, 1, 1, D]
-    g, u = ((stack[chosen].to(h.dtype) * h).sum(-1) for stack in (gate, up))  # [N, top_k, F]
+    g, u = ((expert(stack, chosen, h.dtype).to(h.dtype) * h).sum(-1) for stack in (gate, up))  # [N, top_k, F]
     if g_bias is not None and u_bias is not None:
         g, u = g + g_bias[chosen], u + u_bias[chosen]
-    y = (down[chosen].to(h.dtype) * activate(g, u)[:, :, None]).sum(-1)  # [N, top_k, D]
+    y = (expert(down, chosen, h.dtype).to(h.dtype) * activate(g, u)[:, :, None]).sum(-1)  # [N, top_k, D]
     if d_bias is not None:
         y = y + d_bias[chosen]
     y = y * weights[..., None]
