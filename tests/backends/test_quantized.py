@@ -362,14 +362,17 @@ def test_a_q8_0_gguf_files_experts_run_in_their_blocks_on_onnx_runtime(case, moe
 
 
 @pytest.mark.parametrize("form", ["q8_0", "q4_0"])
-def test_experts_quantised_at_load_run_in_their_blocks_on_onnx_runtime(form, moe_checkpoint):
+@pytest.mark.parametrize("case", ["mixtral-blocks", "gptoss-blocks"])
+def test_experts_quantised_at_load_run_in_their_blocks_on_onnx_runtime(case, form, moe_checkpoint):
     """``--quantize q8_0|q4_0`` on an HF checkpoint puts the expert stacks in blocks too (QMoE's 4-bit
-    products at accuracy level 4 round x to int8, as the Program says); q4_1's mins are beyond QMoE, so
-    its stacks stay floats while the other matrices go to blocks."""
-    model = open_model(str(moe_checkpoint("mixtral-blocks")))
+    products at accuracy level 4 round x to int8, as the Program says), and never gpt-oss's expert biases
+    (vectors, not matrices); q4_1's mins are beyond QMoE, so its stacks stay floats while the other
+    matrices go to blocks."""
+    model = open_model(str(moe_checkpoint(case)))
     runner = create_runner("onnx:cpu", model.weights, CacheShape(1, 64), quantize=form)
     program = PROGRAMS["onnx:cpu"](model.weights, form)
     assert STACKS <= {name for _, name, _ in program.quantized}
+    assert not any(name.endswith("_bias") for _, name, _ in program.quantized)
     assert_runs_as_the_program(runner, model.weights, program)
     q4_1 = PROGRAMS["onnx:cpu"](model.weights, "q4_1")
     assert not STACKS & {name for _, name, _ in q4_1.quantized} and q4_1.quantized
@@ -401,15 +404,11 @@ def test_a_q8_0_gguf_files_experts_run_in_their_blocks_on_torch(moe_checkpoint, 
     assert_runs_as_the_program(runner, model.weights, program)
 
 
-@pytest.mark.slow
-def test_the_compiled_decode_step_with_experts_in_blocks_matches_eager(moe_checkpoint):
-    """q4_1 stacks (the form with mins) beside dense matrices in blocks: inductor's decode step, which
-    dequantises each chosen expert's blocks inside its product's loop, against eager's."""
-    model = open_model(str(moe_checkpoint("granitemoe-blocks")))
-    steps = []
-    for backend in ("torch:inductor", "torch:eager"):
-        runner = create_runner(backend, model.weights, CacheShape(1, 64), quantize="q4_1")
-        token = int(runner.prefill(0, PROMPT[:8]).argmax())
-        steps.append(runner.decode([token])[0])
-    assert np.abs(steps[0] - steps[1]).max() <= 1e-4 * np.abs(steps[1]).max()
-
+def test_compiled_torch_widens_the_expert_stacks_at_load(moe_checkpoint):
+    """inductor's decode loop over gathered experts' blocks is not vectorised (docs/QUANTIZE.md): its
+    stacks are floats, while the model's other matrices stay in blocks."""
+    model = open_model(str(moe_checkpoint("mixtral-blocks")))
+    runner = create_runner("torch:inductor", model.weights, CacheShape(1, 64), quantize="q4_1")  # compiles nothing yet
+    stacks = {name: t for name, t in runner.model.named_buffers() if name.rsplit(".", 1)[-1] in STACKS}
+    assert stacks and all(t.dtype == torch.float32 for t in stacks.values())
+    assert runner.describe()["blocks"] == "q4_1"

@@ -45,12 +45,14 @@ TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat
 
 
 def torch_program(spec: ModelSpec, dtype: str = "f32", weight_dtype: str | None = None,
-                  quantize: str = "none", weights: Weights | None = None) -> Program:
+                  quantize: str = "none", weights: Weights | None = None, expert_blocks: bool = True) -> Program:
     """The program the torch backend runs. ``quantize``: "none"; a form (``linnet.quantize.FORMS``) for
-    every matrix; or "gguf": each matrix as ``weights`` stores it where that is a block form (a GGUF file's)."""
+    every matrix; or "gguf": each matrix as ``weights`` stores it where that is a block form (a GGUF file's).
+    ``expert_blocks``: a mixture's expert stacks too (else widened at load, as compiled steps need them:
+    ``TorchRunner``)."""
     program = fuse_norm_linears(fuse_projections(build_program(spec, dtype, weight_dtype)))
-    # the forms its Blocks dequantise (linnet.quantize.MADE), experts' stacks included
-    forms = block_forms(program, weights, quantize, stacks=MADE)
+    # the forms its Blocks dequantise (linnet.quantize.MADE)
+    forms = block_forms(program, weights, quantize, stacks=MADE if expert_blocks else ())
     # A matrix in blocks keeps its values: its norm's weight multiplies x instead of being folded in.
     return quantize_weights(program, forms) if forms else fold_norm_weights(program)
 
@@ -129,7 +131,11 @@ class TorchRunner(Runner):
         # the real positions, bucketed, and the scratch one: a compiled step is built for one cache length,
         # so nearby lengths (another --max-new-tokens) share it
         bucketed = -(-cache.positions // CACHE_BUCKET) * CACHE_BUCKET
-        program = self._with_rings(torch_program(weights.spec, self.act, dtype, quantize, weights), scratch=bucketed)
+        # Inductor's decode loop over a gathered expert's blocks is not vectorised: on Granite 3B-A800M's
+        # shapes in q8_0 it decoded at 2.52 tok/s against 21.85 for llama.cpp (docs/QUANTIZE.md), so
+        # compiled modes widen the stacks at load; eager reads the chosen experts' blocks alone.
+        program = self._with_rings(torch_program(weights.spec, self.act, dtype, quantize, weights,
+                                                 expert_blocks=mode == "eager"), scratch=bucketed)
         self.quantized = sorted({form for _, _, form in program.quantized})
         # a mixture of experts' prompt groups its tokens by expert, a loop over data that torch.export cannot
         # trace: compiled modes run it eager, and compile the decode step (which gathers each token's experts)
