@@ -358,9 +358,9 @@ class Runner(ABC):
     def verify(self, chunks: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
         """Each row's ``chunk`` read at the row's length, and every position's logits [len(chunk), vocab] (host
         f32): speculative decoding's check of a row's last token and its drafts. The rows go in one call,
-        the shorter chunks padded to the longest
-        with positions past their own, which the row writes again before any query reads them. The rows'
-        lengths stay: the caller counts the positions it keeps (``Speculator.settle``)."""
+        the shorter chunks padded to the longest with positions past their own, which the row writes again
+        before any query reads them. The rows' lengths stay: the caller counts the positions it keeps
+        (``Speculator.settle``)."""
         if not chunks:
             return {}
         for row, chunk in chunks.items():
@@ -423,8 +423,7 @@ class Runner(ABC):
 
     def verify_shapes(self, rows: int, tokens: int) -> list[tuple[int, int]]:
         """The (rows, length) calls that stand for every shape ``verify`` takes with up to ``rows`` rows
-        (in one call) of 2 to ``tokens`` tokens each (a row's last
-        token and at least one draft)."""
+        (in one call) of 2 to ``tokens`` tokens each (a row's last token and at least one draft)."""
         counts = range(1, min(rows, self.cache.rows) + 1)
         return [(n, width) for n in counts for width in self.all_logits_lengths(min(tokens, self.prefill_chunk))]
 
