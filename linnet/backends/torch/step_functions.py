@@ -243,7 +243,7 @@ def moe(x: torch.Tensor, router: torch.Tensor, gate: "torch.Tensor | Blocks", up
 def expert(stack: "torch.Tensor | Blocks", chosen: "torch.Tensor | int", dtype: torch.dtype) -> torch.Tensor:
     """The matrices of the ``chosen`` experts of a stack: a float one as it is stored; one in blocks
     (eager only: see ``TorchRunner``) dequantised, those experts' bytes alone read. (A module without
-    blocks defines no Blocks: the test is on the tensor.)"""
+    matrices in blocks defines no class for them: the test is on the tensor.)"""
     if isinstance(stack, torch.Tensor):
         return stack[chosen]
     return stack.dequantize(dtype, chosen)
