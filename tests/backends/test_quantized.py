@@ -381,8 +381,8 @@ def test_experts_quantised_at_load_run_in_their_blocks_on_onnx_runtime(case, for
 @pytest.mark.parametrize("form", ["q8_0", "q4_0", "q4_1"])
 @pytest.mark.parametrize("case", sorted(MOE_CASES))
 def test_experts_quantised_at_load_run_in_their_blocks_on_torch(case, form, moe_checkpoint):
-    """``--quantize`` on torch puts the expert stacks in blocks as well, in each form it runs (its Blocks
-    dequantise the chosen experts where a product reads them, in f32: the Program's values exactly)."""
+    """``--quantize`` on torch:eager puts the expert stacks in blocks as well, in each form it runs (its
+    Blocks dequantise the chosen experts where a product reads them, in f32: the Program's values exactly)."""
     model = open_model(str(moe_checkpoint(case)))
     runner = create_runner("torch:eager", model.weights, CacheShape(1, 64), quantize=form)
     program = PROGRAMS["torch:eager"](model.weights, form)
