@@ -51,9 +51,9 @@ class Speculation:
 
     def drafts_each(self, rows: int) -> int:
         """The most drafts each of ``rows`` speculating rows proposes in a step. The step checks at most
-        ``draft_tokens + 1`` positions in all, one row's whole check, so that it stays about one pass over
-        the weights: four rows each checking 9 positions in one call ran at 0.66x of their batched decode
-        (docs/SPECULATIVE.md)."""
+        ``draft_tokens + 1`` positions in all, one row's whole check (or, past half that many rows, one
+        draft a row), so that it stays about one pass over the weights: four rows each checking 9
+        positions in one call ran at 0.66x of their batched decode (docs/SPECULATIVE.md)."""
         return max(1, (self.draft_tokens + 1) // rows - 1)
 
     def speculator(self, runner: Runner, row: int, sampling: Sampling) -> Speculator:

@@ -258,14 +258,22 @@ class OnnxRunner(Runner):
         order = np.argsort(rows, kind="stable")
         runs = np.split(order, np.flatnonzero(np.diff(rows[order]) != 1) + 1)
         if len(runs) == 1:
-            out = self._window(tokens[order], positions[order], rows[order], select[order])
-            return StepOutput(out.logits, out.ids[np.argsort(order)], np.argsort(order))
+            return self._consecutive(order, tokens, positions, rows, select)
         steps = [(run, self._window(tokens[run], positions[run], rows[run], select[run])) for run in runs]
-        logits = np.empty((len(rows), *steps[0][1].host_logits().shape[1:]), np.float32)
+        hosts = [(run, step.host_logits(), step.ids) for run, step in steps]
+        logits = np.empty((len(rows), *hosts[0][1].shape[1:]), np.float32)
         ids = np.empty(select.shape, np.int64)
-        for run, step in steps:
-            logits[run], ids[run] = step.host_logits(), step.ids
+        for run, host, step_ids in hosts:
+            logits[run], ids[run] = host, step_ids
         return StepOutput(logits, ids)
+
+    def _consecutive(self, order: np.ndarray, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray,
+                     select: np.ndarray) -> StepOutput:
+        """A step of consecutive rows given in any order (``order`` sorts them): their window, each given
+        row's logits and ids at its place in it."""
+        out = self._window(tokens[order], positions[order], rows[order], select[order])
+        where = np.argsort(order)  # each given row's place in the window
+        return StepOutput(out.logits, out.ids[where], where)
 
     def _forward_each(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray):
         """A one-row step with scattered positions, a token at a time in order of position."""
@@ -281,9 +289,7 @@ class OnnxRunner(Runner):
         into them."""
         order = np.argsort(rows)
         if (rows[order] == rows[order[0]] + np.arange(len(rows))).all():
-            out = self._window(tokens[order], positions[order], rows[order], select[order])
-            where = np.argsort(order)  # each given row's place in the window
-            return StepOutput(out.logits, out.ids[where], where)
+            return self._consecutive(order, tokens, positions, rows, select)
         out, scratch = self._on_scratch(tokens, positions, rows, select)
         for cache, written in zip(self.caches, scratch):
             cache[rows, :, :tokens.shape[1]] = written
