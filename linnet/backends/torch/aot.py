@@ -23,7 +23,8 @@ import hashlib
 import platform
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,8 @@ def _build(model: torch.nn.Module, example: tuple, dynamic: bool, path: Path) ->
     length = torch.export.Dim("length", min=2, max=rope_cos.shape[0]) if dynamic else None  # the prompt's
     token_shape = {1: length} if dynamic else None
     shapes = (token_shape, token_shape, *as_given, (cache_k, cache_v, cos, sin, {0: span}))
-    program = torch.export.export(Step(model), inputs, dynamic_shapes=shapes)
+    with _weights_as_parameters(model):
+        program = torch.export.export(Step(model), inputs, dynamic_shapes=shapes)
     from linnet.backends.torch.decode_compile import decode_compile_options  # imports inductor
 
     options = {**decode_compile_options(), "aot_inductor.package_constants_in_so": False}
@@ -136,6 +138,36 @@ def _build(model: torch.nn.Module, example: tuple, dynamic: bool, path: Path) ->
                                                  inductor_configs=options)
 
     atomic_write(path.parent, write)
+
+
+@contextmanager
+def _weights_as_parameters(model: torch.nn.Module) -> Iterator[None]:
+    """The model's weights registered as parameters while a step is exported, then as buffers again.
+
+    Inductor's AOT compile clones every buffer of the exported program (a mutated buffer must keep its
+    first value) and the clones outlive the compile, held by torch's export globals; parameters it does
+    not clone. Qwen2.5-0.5B's shapes in bf16, compiling both steps: the process's peak 3.98 GiB as
+    buffers, 2.42 as parameters; 1.30 loading the packages (docs/COMPILED.md). The weights are the
+    same tensors either way (an alias, a tied head's one parameter under both names), and the package's
+    constants keep their names."""
+    kept: list[tuple[torch.nn.Module, str, torch.Tensor, bool]] = []
+    made: dict[int, torch.nn.Parameter] = {}
+    for module in model.modules():
+        for name, buffer in list(module._buffers.items()):
+            if buffer is None:
+                continue
+            kept.append((module, name, buffer, name in module._non_persistent_buffers_set))
+            del module._buffers[name]
+            module._non_persistent_buffers_set.discard(name)
+            if id(buffer) not in made:
+                made[id(buffer)] = torch.nn.Parameter(buffer, requires_grad=False)
+            module.register_parameter(name, made[id(buffer)])
+    try:
+        yield
+    finally:
+        for module, name, buffer, non_persistent in kept:
+            del module._parameters[name]
+            module.register_buffer(name, buffer, persistent=not non_persistent)
 
 
 def _load(model: torch.nn.Module, path: Path) -> Callable[..., Any]:

@@ -3,8 +3,11 @@ process would) loads them instead of compiling, with the same logits; a package 
 rebuilt with a note."""
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
+import torch
 
 from linnet.backends import CacheShape, create_runner
 from linnet.model import open_model
@@ -46,3 +49,30 @@ def test_a_corrupt_package_is_rebuilt(checkpoint_dir, capfd):
     assert "did not load" in err and "compiling it again" in err
     for a, b in zip(got, expected):
         np.testing.assert_array_equal(a, b)
+
+
+def _tensors_alive() -> list[torch.Tensor]:
+    gc.collect()
+    return [t for t in gc.get_objects() if type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu"]
+
+
+def test_compiling_the_steps_keeps_no_copy_of_the_weights(checkpoint_dir):
+    """Inductor's AOT compile clones a program's buffers (and its export globals keep the clones), not its
+    parameters: the weights are parameters while a step is exported, and buffers, the same tensors, after.
+    What the compile leaves alive may alias a weight, but holds none of a weight's shape in memory of its own."""
+    weights = open_model(str(checkpoint_dir("qwen2-tied"))).weights
+    runner = create_runner("torch:inductor", weights, CacheShape(rows=1, positions=48))
+    before = dict(runner.model.named_buffers(remove_duplicate=False))
+    earlier = _tensors_alive()  # held, so that no new tensor takes one of their ids
+    _logits(runner)  # compiles the prompt and decode steps
+    after = dict(runner.model.named_buffers(remove_duplicate=False))
+    assert after.keys() == before.keys() and all(after[name] is before[name] for name in before)
+    assert runner.model.lm_head is runner.model.embed  # the tied head is the embedding still
+    assert not list(runner.model.parameters())
+    seen = {id(t) for t in earlier}
+    storages = {w.untyped_storage().data_ptr() for w in before.values()}
+    new = [t for t in _tensors_alive() if id(t) not in seen and t.untyped_storage().data_ptr() not in storages]
+    large = {name: w for name, w in before.items() if w.numel() >= 1024}
+    assert large
+    copied = [name for name, w in large.items() if any(t.shape == w.shape and t.dtype == w.dtype for t in new)]
+    assert copied == []
