@@ -14,7 +14,7 @@ import mmap
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
 
@@ -145,20 +145,27 @@ def cached_path(source: str, key: str) -> Path:
     return cache_root() / f"{digest}.safetensors"
 
 
+Built = Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]]
+
+
+def _pairs(built: Built) -> Iterable[tuple[str, np.ndarray]]:
+    return built.items() if isinstance(built, Mapping) else built
+
+
 def cached_arrays(
-    source: str | None, key: str, build: Callable[[], dict[str, np.ndarray]], settle: bool = True
+    source: str | None, key: str, build: Callable[[], Built], settle: bool = True
 ) -> dict[str, np.ndarray]:
     """``build()``'s arrays, mapped read-only from the disk cache when ``source`` was converted as ``key``
     says before; ``source`` None (weights made in memory) or ``LINNET_CACHE=off``: built, not kept.
-    ``settle`` False: the file is not read ahead (a process that reads only its slices of the arrays)."""
+    ``build`` may return (name, array) pairs made one at a time: the file is then written as they come,
+    each array freed once written. ``settle`` False: the file is not read ahead (a process that reads only
+    its slices of the arrays)."""
     if source is None or os.environ.get("LINNET_CACHE") == "off":
-        return build()
+        return dict(_pairs(build()))
     path = cached_path(source, key)
     if not path.is_file():
-        arrays = {name: np.ascontiguousarray(a) for name, a in build().items()}
         metadata = {"source": source[:1000], "key": key}
-        atomic_write(path, lambda tmp: save_aligned_safetensors(tmp, arrays, metadata))
-        del arrays
+        atomic_write(path, lambda tmp: save_aligned_safetensors(tmp, _pairs(build()), metadata))
         drop_from_page_cache(path)
         keep_within_budget(path)
     used(path)

@@ -7,7 +7,9 @@ plan, and the source text of this module, so that a change to either never reuse
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -62,30 +64,39 @@ def plan_weights(weights: Weights, plan: WeightPlan) -> dict[str, np.ndarray]:
     return {name: quantize.from_storage(a) if name in stored else a for name, a in arrays.items()}
 
 
-def _apply(weights: Weights, plan: WeightPlan) -> dict[str, np.ndarray]:
+def _apply(weights: Weights, plan: WeightPlan) -> Iterator[tuple[str, np.ndarray]]:
+    """The converted arrays as (name, array) pairs, each made when asked for: the cache writes each as it
+    comes, so that a conversion holds one converted array at a time, not the model twice."""
     layers = [f"layers.{i}." for i in range(weights.spec.num_layers)]
     wanted = quantize.block_names(plan.quantized, weights.spec.num_layers)
     parts_of = {prefix + name: [prefix + p for p in parts] for prefix in layers for name, parts in plan.fused}
     folded = {prefix + name for section, name, _ in plan.folded for prefix in (layers if section == "layer" else [""])}
     blocks = getattr(weights, "blocks", {})  # name -> (form, block bytes): tensors a file stores quantised
-    native = {name: np.concatenate([blocks[p][1] for p in parts_of.get(name, [name])])
-              for name, form in wanted.items() if name not in folded
+    native = {name for name, form in wanted.items() if name not in folded
               and all(blocks.get(p, ("",))[0] == form for p in parts_of.get(name, [name]))}
     taken = {p for name in native for p in parts_of.get(name, [name])}
-    arrays = {name: weights[name] for name in weights if name not in taken}  # the others, read as floats
+    # what each array is made from: the others are read as floats when their turn comes
+    makers: dict[str, Callable[[], np.ndarray]] = {
+        name: partial(weights.__getitem__, name) for name in weights if name not in taken}
     # A layer whose kind lacks a weight (an MoE model's sparse layers have no dense gate and up) is left out.
     for prefix in layers:
         for name, parts in plan.fused:
-            if prefix + name not in native and all(prefix + p in arrays for p in parts):
-                arrays[prefix + name] = np.concatenate([arrays.pop(prefix + p) for p in parts])
+            if prefix + name not in native and all(prefix + p in makers for p in parts):
+                made = [makers.pop(prefix + p) for p in parts]
+                makers[prefix + name] = partial(lambda made: np.concatenate([m() for m in made]), made)
     for section, name, norm in plan.folded:
         for prefix in layers if section == "layer" else [""]:
-            if prefix + name not in arrays:
+            if prefix + name not in makers:
                 continue
-            norm_weight = arrays.pop(prefix + norm).astype(np.float32)
-            arrays[prefix + name] = arrays[prefix + name].astype(np.float32) * norm_weight
+            weight, norm_weight = makers[prefix + name], makers.pop(prefix + norm)
+            makers[prefix + name] = partial(
+                lambda w, n: w().astype(np.float32) * n().astype(np.float32), weight, norm_weight)
     target = DTYPES[plan.dtype].numpy
-    out = {name: np.ascontiguousarray(a.astype(target, copy=False)) for name, a in arrays.items()}
+    for name, make in makers.items():
+        if name not in wanted:
+            yield name, np.ascontiguousarray(make().astype(target, copy=False))
     for name, form in wanted.items():
-        out[name] = quantize.to_storage(native[name] if name in native else quantize.quantized(arrays[name], form))
-    return out
+        if name in native:
+            yield name, quantize.to_storage(np.concatenate([blocks[p][1] for p in parts_of.get(name, [name])]))
+        else:
+            yield name, quantize.to_storage(quantize.quantized(makers[name](), form))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import mmap
 import os
 import platform
+import weakref
 from pathlib import Path
 
 import ml_dtypes
@@ -157,3 +158,28 @@ def test_the_least_recently_used_entries_go_past_the_budget(tmp_path, monkeypatc
     assert sorted(removed) == sorted([entries[2], entries[3]])
     assert entries[0].exists() and entries[1].exists() and writing.exists()
     assert weight_cache.keep_within_budget(entries[1]) == []  # within the budget now
+
+
+def test_arrays_made_one_at_a_time_are_written_one_at_a_time(tmp_path, monkeypatch):
+    """A build of (name, array) pairs is written as it comes: each array is let go before the next is
+    made (a conversion holds one converted array, not the model twice), and the file is the same."""
+    monkeypatch.setenv("LINNET_CACHE", str(tmp_path))
+    arrays = {"odd": np.arange(5, dtype=np.float16), "w": np.arange(48, dtype=np.float32).reshape(3, 16),
+              "b": np.ones(32, np.float32)}
+    alive_when_next_made = []
+
+    def build():
+        previous = None
+        for name, array in arrays.items():
+            alive_when_next_made.append(previous is not None and previous() is not None)
+            made = array.copy()
+            previous = weakref.ref(made)
+            yield name, made
+            del made
+
+    got = cached_arrays("streamed-source", "a-key", build)
+    assert alive_when_next_made == [False, False, False]
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(got[name], array)
+    assert {name: a.ctypes.data % 64 for name, a in got.items() if name != "odd"} == {"w": 0, "b": 0}
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [cached_path("streamed-source", "a-key").name]
