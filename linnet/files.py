@@ -169,6 +169,8 @@ def save_aligned_safetensors(path: Path, arrays: Iterable[tuple[str, np.ndarray]
                 data.seek(start)
                 while size:  # in pieces of at most 64 MiB
                     piece = data.read(min(size, 1 << 26))
+                    if not piece:  # the side file cut short under us: never loop on it
+                        raise OSError(f"{side} ended {size} bytes short")
                     out.write(piece)
                     size -= len(piece)
     finally:
