@@ -146,9 +146,7 @@ def _weights_as_parameters(model: torch.nn.Module) -> Iterator[None]:
 
     Inductor's AOT compile clones every buffer of the exported program (a mutated buffer must keep its
     first value) and the clones outlive the compile, held by torch's export globals; parameters it does
-    not clone. Qwen2.5-0.5B's shapes in bf16, compiling both steps: the process's peak 3.98 GiB as
-    buffers, 2.42 as parameters; 1.30 loading the packages (docs/COMPILED.md). The weights are the
-    same tensors either way (an alias, a tied head's one parameter under both names), and the package's
+    not clone (the peak memory either way: docs/COMPILED.md). The weights are the same tensors either way (an alias, a tied head's one parameter under both names), and the package's
     constants keep their names."""
     kept: list[tuple[torch.nn.Module, str, torch.Tensor, bool]] = []
     made: dict[int, torch.nn.Parameter] = {}
