@@ -146,8 +146,9 @@ def _weights_as_parameters(model: torch.nn.Module) -> Iterator[None]:
 
     Inductor's AOT compile clones every buffer of the exported program (a mutated buffer must keep its
     first value) and the clones outlive the compile, held by torch's export globals; parameters it does
-    not clone (the peak memory either way: docs/COMPILED.md). The weights are the same tensors either way (an alias, a tied head's one parameter under both names), and the package's
-    constants keep their names."""
+    not clone (the peak memory either way: docs/COMPILED.md). The weights are the same tensors either
+    way (an alias, a tied head's one parameter under both names), and the package's constants keep their
+    names."""
     kept: list[tuple[torch.nn.Module, str, torch.Tensor, bool]] = []
     made: dict[int, torch.nn.Parameter] = {}
     for module in model.modules():
