@@ -53,11 +53,15 @@ lint: setup
 demo: setup
 	$(VENV)/bin/linnet run --chat "What is the capital of France? Answer in one sentence."
 
+# A worker per core (at most 4): much of a test's time is one core's (tracing, C++ compiles, servers
+# waiting). A test file stays on one worker, with its module's fixtures (compiled runners) built once.
+XDIST := -n auto --maxprocesses 4 --dist loadfile
+
 test: test-setup
-	$(PY) -m pytest -q -m "not slow" --durations=30
+	$(PY) -m pytest -q $(XDIST) -m "not slow" --durations=30
 
 test-slow: test-setup                  # the longer suites; CI runs them too
-	$(PY) -m pytest -q -m "slow and not compile" --durations=30
+	$(PY) -m pytest -q $(XDIST) -m "slow and not compile" --durations=30
 
 test-compile: test-setup               # the rest of the slow compiles (inductor conformance), outside CI
-	$(PY) -m pytest -q -m compile
+	$(PY) -m pytest -q $(XDIST) -m compile
