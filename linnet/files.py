@@ -133,6 +133,9 @@ def read_json(path: Path, error: type[LinnetError] = LinnetError) -> Any:
 ALIGNMENT = 64  # a cache line, and a multiple of every vector width
 
 
+HEADER_ROOM = (2 << 20) - 8  # the header's room before the data, which so starts on a 2 MB boundary
+
+
 def save_aligned_safetensors(path: Path, arrays: Iterable[tuple[str, np.ndarray]], metadata: dict[str, str]) -> None:
     """A safetensors file of ``arrays`` (name, array pairs, each made when the writer asks for it), whose
     tensors start on 64-byte boundaries wherever their sizes allow.
@@ -141,41 +144,67 @@ def save_aligned_safetensors(path: Path, arrays: Iterable[tuple[str, np.ndarray]
     8-byte aligned: inductor then compiles the decode loops for unaligned inputs (3% slower per step in
     an A/B on an AMD EPYC, docs/NOTEBOOK.md). Here the header is padded with spaces, as the format allows,
     and tensors whose byte size is a multiple of 64 come first; any reader of the format reads the file.
-    Each array's bytes go to a side file as it comes, and the file is put together from it after, so that
-    a conversion never holds more than one converted array (Qwen3 4B's: 8 GB) in memory.
+    Each array is written as it comes and let go, so a conversion never holds more than one converted array
+    (Qwen3 4B's: 8 GB) in memory, and its bytes are written once: the data starts past room kept for the
+    header (``HEADER_ROOM``), and only the arrays of other sizes wait in a side file to go last. A header
+    larger than the room (tens of thousands of tensors) has the file put together again behind it.
     """
-    header: dict[str, object] = {"__metadata__": metadata}
-    spans: dict[str, tuple[int, int]] = {}  # name -> its bytes' start and size in the side file
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0  # the data written so far, from the data's start
+    later: list[tuple[str, int, int]] = []  # (name, start in the side file, size)
     side = path.with_name(path.name + ".data")
     try:
-        with open(side, "wb") as f:
+        with open(path, "wb") as out, open(side, "w+b") as rest:
+            out.seek(8 + HEADER_ROOM)
             for name, a in arrays:
                 header[name] = {"dtype": BY_HF[a.dtype.name].safetensors, "shape": list(a.shape)}
-                spans[name] = (f.tell(), a.nbytes)
-                f.write(np.ascontiguousarray(a).view(np.uint8).data)
-                del a  # let go before the next is made
-        order = sorted(spans, key=lambda n: (spans[n][1] % ALIGNMENT != 0, n))
-        offset = 0
-        for name in order:
-            header[name]["data_offsets"] = [offset, offset + spans[name][1]]  # type: ignore[index]
-            offset += spans[name][1]
-        text = json.dumps({k: header[k] for k in ["__metadata__", *order]}, separators=(",", ":")).encode()
-        text += b" " * (-(8 + len(text)) % ALIGNMENT)
-        with open(path, "wb") as out, open(side, "rb") as data:
-            out.write(struct.pack("<Q", len(text)))
-            out.write(text)
-            for name in order:
-                start, size = spans[name]
-                data.seek(start)
-                while size:  # in pieces of at most 64 MiB
-                    piece = data.read(min(size, 1 << 26))
-                    if not piece:  # the side file cut short under us: never loop on it
-                        raise OSError(f"{side} ended {size} bytes short")
-                    out.write(piece)
-                    size -= len(piece)
+                data = np.ascontiguousarray(a).view(np.uint8).data
+                if a.nbytes % ALIGNMENT == 0:
+                    header[name]["data_offsets"] = [offset, offset + a.nbytes]
+                    out.write(data)
+                    offset += a.nbytes
+                else:
+                    later.append((name, rest.tell(), a.nbytes))
+                    rest.write(data)
+                del a, data  # let go before the next is made
+            for name, start, size in sorted(later):
+                header[name]["data_offsets"] = [offset, offset + size]
+                _copy(rest, start, size, out, side)
+                offset += size
+            text = json.dumps(header, separators=(",", ":")).encode()
+            if len(text) <= HEADER_ROOM:
+                out.seek(0)
+                out.write(struct.pack("<Q", HEADER_ROOM) + text + b" " * (HEADER_ROOM - len(text)))
+                return
+        _put_behind(path, text, 8 + HEADER_ROOM, offset)
     finally:
         with suppress(FileNotFoundError):
             side.unlink()
+
+
+def _copy(source: Any, start: int, size: int, out: Any, name: Path) -> None:
+    """``size`` bytes of the open file ``source`` from ``start`` appended to ``out``, 64 MiB at a time."""
+    source.seek(start)
+    while size:
+        piece = source.read(min(size, 1 << 26))
+        if not piece:  # the file cut short under us: never loop on it
+            raise OSError(f"{name} ended {size} bytes short")
+        out.write(piece)
+        size -= len(piece)
+
+
+def _put_behind(path: Path, text: bytes, start: int, size: int) -> None:
+    """Rewrite ``path`` as the header ``text`` (padded to 64 bytes) and the ``size`` bytes it held from ``start``."""
+    text += b" " * (-(8 + len(text)) % ALIGNMENT)
+    whole = path.with_name(path.name + ".whole")
+    try:
+        with open(path, "rb") as data, open(whole, "wb") as out:
+            out.write(struct.pack("<Q", len(text)) + text)
+            _copy(data, start, size, out, path)
+        os.replace(whole, path)
+    finally:
+        with suppress(FileNotFoundError):
+            whole.unlink()
 
 
 def map_safetensors(path: Path, names: Collection[str] | None = None) -> dict[str, np.ndarray]:

@@ -11,8 +11,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from linnet import weight_cache
+from linnet import files, weight_cache
 from linnet.errors import LinnetError
+from linnet.files import map_safetensors, save_aligned_safetensors
 from linnet.weight_cache import (
     HUGE_PAGE,
     cached_arrays,
@@ -183,3 +184,40 @@ def test_arrays_made_one_at_a_time_are_written_one_at_a_time(tmp_path, monkeypat
         np.testing.assert_array_equal(got[name], array)
     assert {name: a.ctypes.data % 64 for name, a in got.items() if name != "odd"} == {"w": 0, "b": 0}
     assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [cached_path("streamed-source", "a-key").name]
+
+
+def _bytes_written() -> int:
+    """Bytes this process has passed to write calls so far (Linux's /proc/self/io)."""
+    return int(next(line.split()[1] for line in Path("/proc/self/io").read_text().splitlines()
+                    if line.startswith("wchar:")))
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="counts writes through Linux's /proc/self/io")
+def test_a_conversion_writes_its_bytes_once(tmp_path):
+    """The data goes straight to its place in the file (past room kept for the header), not through a side
+    file copied after: 32 MiB of arrays cost the file's size in writes, not twice it."""
+    arrays = [(f"w{i}", np.full(1 << 20, i, np.float32)) for i in range(8)] + [("odd", np.arange(5, dtype=np.float16))]
+    path = tmp_path / "w.safetensors"
+    before = _bytes_written()
+    save_aligned_safetensors(path, iter(arrays), {"format": "pt"})
+    written = _bytes_written() - before
+    assert path.stat().st_size <= written < path.stat().st_size + 4096
+    assert not [p for p in tmp_path.iterdir() if p != path]  # no side file left behind
+    got = map_safetensors(path)
+    for name, array in arrays:
+        np.testing.assert_array_equal(got[name], array)
+
+
+def test_a_header_past_its_room_is_put_before_the_data(tmp_path, monkeypatch):
+    from safetensors import safe_open
+
+    monkeypatch.setattr(files, "HEADER_ROOM", 1024 - 8)  # room for a few entries, not 100
+    arrays = {f"a-rather-long-tensor-name-{i:03d}": np.full(16, i, np.float32) for i in range(100)}
+    arrays["odd"] = np.arange(3, dtype=np.float16)
+    path = tmp_path / "w.safetensors"
+    save_aligned_safetensors(path, iter(arrays.items()), {"format": "pt"})
+    got = map_safetensors(path)
+    assert {n: a.ctypes.data % 64 for n, a in got.items() if n != "odd"} == {n: 0 for n in arrays if n != "odd"}
+    with safe_open(str(path), "np") as f:
+        assert all((f.get_tensor(name) == a).all() for name, a in arrays.items())
+    assert [p.name for p in tmp_path.iterdir()] == ["w.safetensors"]
