@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from math import prod
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, BinaryIO, TypeGuard
 
 import numpy as np
 
@@ -182,7 +182,7 @@ def save_aligned_safetensors(path: Path, arrays: Iterable[tuple[str, np.ndarray]
             side.unlink()
 
 
-def _copy(source: Any, start: int, size: int, out: Any, name: Path) -> None:
+def _copy(source: BinaryIO, start: int, size: int, out: BinaryIO, name: Path) -> None:
     """``size`` bytes of the open file ``source`` from ``start`` appended to ``out``, 64 MiB at a time."""
     source.seek(start)
     while size:
