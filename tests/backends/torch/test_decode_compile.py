@@ -1,5 +1,5 @@
-"""The decode step's compile: each product's input realized before the product, guided loop schedules;
-other compiles keep inductor's defaults."""
+"""The decode step's compile: each product's input realized before the product, guided loop schedules,
+streamed weights prefetched; other compiles keep inductor's defaults."""
 from __future__ import annotations
 
 import re
@@ -11,8 +11,8 @@ from torch._inductor.utils import run_and_get_code
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from linnet.backends import CacheShape, create_runner
-from linnet.backends.torch import aot
-from linnet.backends.torch.decode_compile import decode_compile_options, product_inputs
+from linnet.backends.torch import aot, decode_compile
+from linnet.backends.torch.decode_compile import PREFETCH_BYTES, decode_compile_options, product_inputs
 from linnet.model import open_model
 
 
@@ -82,9 +82,29 @@ def test_only_compiles_given_the_options_get_guided_loops(two_threads_no_graph_c
     torch.testing.assert_close(out, (w * x).sum(-1).relu())
 
 
-def test_the_decode_step_is_compiled_with_guided_loops(checkpoint_dir, two_threads_no_graph_cache, monkeypatch,
-                                                      tmp_path):
+def test_only_compiles_given_the_options_prefetch_the_streamed_weights(two_threads_no_graph_cache):
+    """A weight larger than the L2 cache is prefetched ahead of the product's loads; a small input (x,
+    which stays in L1) is not, and nor is anything in a compile without the options."""
+    x, w = torch.randn(1, 1, 1024), torch.randn(4096, 1024).to(torch.bfloat16)  # w: 8 MiB
+
+    def product(x, w):
+        return (w.view(-1, 1, 1024).float() * x[:, 0].view(1, -1, 1024)).sum(-1).relu()
+
+    out, [lean] = run_and_get_code(torch.compile(product, options=decode_compile_options()), x, w)
+    _, [plain] = run_and_get_code(torch.compile(product), x, w)
+    torch.testing.assert_close(out, product(x, w), rtol=1e-4, atol=1e-4)  # sums in another order
+    loop = _reduction_over_rows(lean)
+    [prefetch] = re.findall(r"__builtin_prefetch\((\w+) \+ (.*) \+ (\d+)\);", loop)
+    [weight_load] = re.findall(r"Vectorized<at::BFloat16>::loadu\((\w+) \+ (.*), static_cast", loop)
+    assert prefetch[:2] == weight_load  # the weight's stream, ...
+    assert int(prefetch[2]) * 2 == PREFETCH_BYTES  # ... so many bytes ahead
+    assert "__builtin_prefetch" not in plain
+
+
+def test_the_decode_step_is_compiled_with_guided_loops_and_prefetches(checkpoint_dir, two_threads_no_graph_cache,
+                                                                      monkeypatch, tmp_path):
     monkeypatch.setenv("LINNET_CACHE", str(tmp_path))  # a package compiled here, not found on disk
+    monkeypatch.setattr(decode_compile, "STREAMED_BYTES", 1024)
     runner = create_runner("torch:inductor", open_model(str(checkpoint_dir("qwen2-tied"))).weights,
                            CacheShape(rows=2, positions=32))
     runner.prefill(0, list(range(3, 10)))
@@ -94,6 +114,7 @@ def test_the_decode_step_is_compiled_with_guided_loops(checkpoint_dir, two_threa
     with zipfile.ZipFile(package) as files:
         [decode_code] = [files.read(n).decode() for n in files.namelist() if n.endswith(".kernel.cpp")]
     assert decode_code.count("#pragma omp for schedule(guided)") > 0
+    assert "__builtin_prefetch" in decode_code  # the tiny model's matrices, streamed past 1 KiB
     # what stays static is a parallel reduction's loop (each thread sums into its own _local accumulator)
     for static in re.finditer(r"#pragma omp for\n", decode_code):
         region = decode_code[decode_code.rindex("#pragma omp parallel", 0, static.start()):static.start()]
