@@ -153,8 +153,10 @@ def _install_prefetching_loads() -> None:
 
     def load(self: CppVecKernel, name: str, index: Any) -> Any:
         if isinstance(inductor_config.post_grad_custom_post_pass, DecodeStepPass):
-            dtype = V.graph.get_dtype(name)
-            numel = V.graph.get_numel(name)
+            try:
+                dtype, numel = V.graph.get_dtype(name), V.graph.get_numel(name)
+            except KeyError:  # a kernel's own local buffer (a per-thread scratch row), not the graph's
+                return original(self, name, index)
             streamed = isinstance(numel, int) or getattr(numel, "is_number", False)
             if streamed and int(numel) * dtype.itemsize >= STREAMED_BYTES:
                 renamed = self.rename_indexing(index)

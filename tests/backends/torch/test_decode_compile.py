@@ -101,6 +101,19 @@ def test_only_compiles_given_the_options_prefetch_the_streamed_weights(two_threa
     assert "__builtin_prefetch" not in plain
 
 
+def test_a_loop_over_a_kernels_own_local_buffer_compiles(two_threads_no_graph_cache):
+    """A softmax's row kept in a per-thread local buffer (outer-loop fusion) is no buffer of the graph's,
+    so it has no size to look up for a prefetch (Qwen2.5-0.5B's prompt step failed to compile on it)."""
+    x = torch.randn(8, 32, 1, 4096)
+
+    def scaled_softmax(x):
+        return (x * 0.1).softmax(-1) * 2
+
+    out, [code] = run_and_get_code(torch.compile(scaled_softmax, options=decode_compile_options()), x)
+    assert "local_buffer" in code
+    torch.testing.assert_close(out, scaled_softmax(x))
+
+
 def test_the_decode_step_is_compiled_with_guided_loops_and_prefetches(checkpoint_dir, two_threads_no_graph_cache,
                                                                       monkeypatch, tmp_path):
     monkeypatch.setenv("LINNET_CACHE", str(tmp_path))  # a package compiled here, not found on disk
