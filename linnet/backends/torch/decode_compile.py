@@ -19,11 +19,13 @@ doing nothing but that, each measured in one process against the step without it
   C++ code generator is wrapped (torch is pinned), acting only in compiles whose post-grad pass is a
   `DecodeStepPass`. Parallel reductions keep the static schedule, whose fixed split keeps their sums
   deterministic.
-- A prefetch ahead of each stream: every contiguous vector load from a buffer larger than the L2 cache
-  (a weight matrix, a layer's KV cache) is preceded by a software prefetch `PREFETCH_BYTES` further on.
-  The CPUs' own prefetchers left a one-row loop over bf16 weights at 70-80% of what a plain sum of
-  memory reads; 2-8 KB ahead they read as fast as it (docs/NOTEBOOK.md, 2026-12-07). A prefetch never
-  faults, so one past a buffer's end is harmless. Wrapped the same way, in the same compiles.
+- A prefetch ahead of each stream: every contiguous vector load of floating-point values from a buffer
+  larger than the L2 cache (a weight matrix, a layer's KV cache) is preceded by a software prefetch
+  `PREFETCH_BYTES` further on. The CPUs' own prefetchers left a one-row loop over bf16 weights at
+  70-80% of what a plain sum of memory reads; 2-8 KB ahead they read as fast as it (docs/NOTEBOOK.md,
+  2026-12-07). Not for the integer codes of a matrix in blocks: those loops are bound by their
+  arithmetic, and the prefetches slowed SmolLM2's Q4_1 decode by a fifth. A prefetch never faults, so
+  one past a buffer's end is harmless. Wrapped the same way, in the same compiles.
 
 The pass's uuid is in inductor's cache key, so a change here must change it.
 """
@@ -100,7 +102,7 @@ class DecodeStepPass(CustomGraphPass):
             node.meta["inductor_realize_to_strides"] = True  # lowering realizes such a node's value
 
     def uuid(self) -> Any:
-        return "linnet-decode-step-6"
+        return "linnet-decode-step-7"
 
 
 DECODE_STEP_PASS = DecodeStepPass()
@@ -158,7 +160,7 @@ def _install_prefetching_loads() -> None:
             except KeyError:  # a kernel's own local buffer (a per-thread scratch row), not the graph's
                 return original(self, name, index)
             streamed = isinstance(numel, int) or getattr(numel, "is_number", False)
-            if streamed and int(numel) * dtype.itemsize >= STREAMED_BYTES:
+            if dtype.is_floating_point and streamed and int(numel) * dtype.itemsize >= STREAMED_BYTES:
                 renamed = self.rename_indexing(index)
                 if self._try_get_const_stride(renamed, self.itervars[self.tiling_idx]) == 1:
                     ahead = PREFETCH_BYTES // dtype.itemsize

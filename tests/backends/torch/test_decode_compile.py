@@ -83,8 +83,8 @@ def test_only_compiles_given_the_options_get_guided_loops(two_threads_no_graph_c
 
 
 def test_only_compiles_given_the_options_prefetch_the_streamed_weights(two_threads_no_graph_cache):
-    """A weight larger than the L2 cache is prefetched ahead of the product's loads; a small input (x,
-    which stays in L1) is not, and nor is anything in a compile without the options."""
+    """A floating-point weight larger than the L2 cache is prefetched ahead of the product's loads; a
+    small input (x, which stays in L1) is not, and nor is anything in a compile without the options."""
     x, w = torch.randn(1, 1, 1024), torch.randn(4096, 1024).to(torch.bfloat16)  # w: 8 MiB
 
     def product(x, w):
@@ -99,6 +99,10 @@ def test_only_compiles_given_the_options_prefetch_the_streamed_weights(two_threa
     assert prefetch[:2] == weight_load  # the weight's stream, ...
     assert int(prefetch[2]) * 2 == PREFETCH_BYTES  # ... so many bytes ahead
     assert "__builtin_prefetch" not in plain
+    # integer codes (a matrix in blocks) are read by loops bound by their arithmetic: not prefetched
+    codes = torch.randint(-127, 128, (4096, 1024), dtype=torch.int8)
+    _, [integer] = run_and_get_code(torch.compile(product, options=decode_compile_options()), x, codes)
+    assert "Vectorized<int8_t>::loadu" in _reduction_over_rows(integer) and "__builtin_prefetch" not in integer
 
 
 def test_a_loop_over_a_kernels_own_local_buffer_compiles(two_threads_no_graph_cache):
