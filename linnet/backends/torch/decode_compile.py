@@ -159,8 +159,8 @@ def _install_prefetching_loads() -> None:
                 dtype, numel = V.graph.get_dtype(name), V.graph.get_numel(name)
             except KeyError:  # a kernel's own local buffer (a per-thread scratch row), not the graph's
                 return original(self, name, index)
-            streamed = isinstance(numel, int) or getattr(numel, "is_number", False)
-            if dtype.is_floating_point and streamed and int(numel) * dtype.itemsize >= STREAMED_BYTES:
+            sized = isinstance(numel, int) or getattr(numel, "is_number", False)  # not a symbolic size
+            if dtype.is_floating_point and sized and int(numel) * dtype.itemsize >= STREAMED_BYTES:
                 renamed = self.rename_indexing(index)
                 if self._try_get_const_stride(renamed, self.itervars[self.tiling_idx]) == 1:
                     ahead = PREFETCH_BYTES // dtype.itemsize
