@@ -177,6 +177,7 @@ class Runner(ABC):
     rings: frozenset[tuple[int, int]] = frozenset()
     ring_chunk: int | None = None
     cache_bytes_per_row: int = 0
+    cache_dtype: str = "f32"  # the KV cache's (``kept_cache_dtype``)
 
     def __init__(self, spec: ModelSpec, cache: CacheShape):
         if cache.rows < 1 or cache.positions < 2 or (cache.chunk is not None and cache.chunk < 1):
@@ -477,7 +478,7 @@ class Runner(ABC):
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "rows": self.cache.rows, "positions": self.cache.positions,
-                "kv_cache_bytes_per_row": self.cache_bytes_per_row}
+                "kv_cache_bytes_per_row": self.cache_bytes_per_row, "kv_cache_dtype": self.cache_dtype}
 
     def peak_memory(self) -> int:
         """Peak resident memory of this process in bytes (backends on a GPU report the device's)."""
@@ -524,8 +525,14 @@ class Runner(ABC):
                               self.scratch_position if scratch is None else scratch)
         self.rings = rings(program)
         self.ring_chunk = self.prefill_chunk if self.rings else None
-        self.cache_bytes_per_row = program.cache_bytes_per_row(self.cache.positions)
+        self.cache_dtype = self.kept_cache_dtype(program)
+        self.cache_bytes_per_row = program.cache_bytes_per_row(self.cache.positions, self.cache_dtype)
         return program
+
+    def kept_cache_dtype(self, program: Program) -> str:
+        """The dtype this backend keeps ``program``'s KV cache in: the program's (a backend computing in a
+        wider dtype than the program's may keep it so)."""
+        return program.cache_dtype
 
     def _prefill_row(self, row: int, tokens: list[int], start: int, all_logits: bool, pick: bool = True) -> Any:
         """Chunks of at most ``prefill_chunk`` tokens; the last chunk's logits (all, on the host, if asked;

@@ -63,4 +63,4 @@ class LinnetSubject(Subject):
         rings = (f" (sliding layers keep rings of {', '.join(str(slots) for slots, _ in sorted(runner.rings))} "
                  "positions)") if runner.rings else ""
         return [f"KV cache compiled for {runner.cache.positions} positions, {runner.cache_bytes_per_row} bytes a "
-                f"row{rings}", *blocks]
+                f"row in {runner.cache_dtype}{rings}", *blocks]

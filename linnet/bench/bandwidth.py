@@ -149,13 +149,15 @@ def llama_cpp_reads(job: Job, spec: ModelSpec) -> TokenReads:
 BLOCKS_NOTE = "matrices in llama.cpp's blocks"  # a Linnet worker's note when it runs a GGUF file's blocks
 
 
-def subject_reads(subject: str, job: Job, spec: ModelSpec, accelerated: bool, blocks: bool = False) -> TokenReads:
-    """What one decode step of ``subject`` must read. Linnet's torch backend keeps its KV cache (and its
-    arithmetic) in f32 on a CPU whatever the weights' dtype, and with ``blocks`` reads a GGUF file's
-    matrices as stored, as llama.cpp does; the other backends are counted alike."""
+def subject_reads(subject: str, job: Job, spec: ModelSpec, accelerated: bool, blocks: bool = False,
+                  kv: str | None = None) -> TokenReads:
+    """What one decode step of ``subject`` must read: its weights in the run's dtype, or with ``blocks`` a
+    GGUF file's matrices as stored, as llama.cpp does; and its KV cache in ``kv``, the dtype a Linnet
+    runner reports keeping it in (a peer's, or where none is reported: the run's dtype on an accelerator,
+    else f32)."""
     if subject == "llama.cpp":
         return llama_cpp_reads(job, spec)
-    kv = job.dtype if accelerated or subject in PEERS else "f32"
+    kv = kv or (job.dtype if accelerated or subject in PEERS else "f32")
     in_file = blocks and str(job.model).endswith(".gguf")
     weights = weights_of_gguf(job.model, spec) if in_file else weights_in_dtype(spec, job.dtype)
     return token_reads(spec, job.protocol, weights, kv)
@@ -164,7 +166,8 @@ def subject_reads(subject: str, job: Job, spec: ModelSpec, accelerated: bool, bl
 def reads_of_subjects(job: Job, spec: ModelSpec, reports: dict[str, dict[str, Any]]) -> dict[str, TokenReads]:
     """``subject_reads`` of every subject that ran, given the workers' reports."""
     accelerated = any(r.get("accelerator") for r in reports.values())
-    return {s: subject_reads(s, job, spec, accelerated, any(n.startswith(BLOCKS_NOTE) for n in r.get("notes", [])))
+    return {s: subject_reads(s, job, spec, accelerated, any(n.startswith(BLOCKS_NOTE) for n in r.get("notes", [])),
+                             r.get("kv_cache_dtype"))
             for s, r in reports.items() if "not_run" not in r}
 
 

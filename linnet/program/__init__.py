@@ -15,7 +15,9 @@ cache rows, ``P`` cache positions. Inputs:
     positions  [R, T]   i64  each token's position in its cache row, < P
     rows       [R]      i64  the cache row each entry reads and writes; distinct
     select     [R, S]   i64  indices into T: the tokens whose logits the step returns
-    cache_k, cache_v    per layer [ROWS, KV_HEADS, P, HEAD_DIM] (a ring's: N + 1 slots, below), the run dtype
+    cache_k, cache_v    per layer [ROWS, KV_HEADS, P, HEAD_DIM] (a ring's: N + 1 slots, below), in the
+               run dtype, or in the weights' where they are 16-bit under f32 arithmetic
+               (``Program.cache_dtype``)
     rope_cos, rope_sin  [P, ROTARY_DIM * TABLES]  f32, from ``linnet.rope.rope_tables`` (scaling
                included); ROTARY_DIM is the head's width, or less for partial rotary. TABLES rotary tables
                side by side: table j is columns [j * ROTARY_DIM, (j + 1) * ROTARY_DIM). One table for most
@@ -68,9 +70,10 @@ the first's leading axes (a weight vector, a [..., 1] per-token value).
                                         multiple of D); j is ``table``, 0 when the attr is absent (partial
                                         rotary splits x, rotates the first part and concatenates)
   cache_write(cache, rows, positions, v[; ring, scratch])
-                                        the cache with cache[rows[r], :, positions[r, t]] = v[r, t] (a
-                                        ring's: at the position's slot, below); when two entries write
-                                        one place, which one lands is unspecified
+                                        the cache with cache[rows[r], :, positions[r, t]] = v[r, t]
+                                        rounded to the cache's dtype (a ring's: at the position's slot,
+                                        below); when two entries write one place, which one lands is
+                                        unspecified
   attention(q, cache_k, cache_v, rows, positions; scale[, softcap][, window[, ring]])
                                         for entry r, token t, head h: softmax over the visible p of
                                         s = q[r,t,h] . cache_k[rows[r], h // G, p] * scale, in f32 (with a

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from linnet.errors import LinnetError
-from linnet.program.ir import Op, Program, Section, Value, step_inputs
+from linnet.program.ir import Op, Program, Section, Value, cache_dtype, step_inputs
 from linnet.program.ops import infer_op
 from linnet.spec import ModelSpec, MoeSpec
 
@@ -177,7 +177,7 @@ def build_program(spec: ModelSpec, dtype: str = "f32", weight_dtype: str | None 
     arch = get_architecture(spec.architecture)
     wd = weight_dtype or dtype
     x = Value(("R", "T", spec.hidden_size), dtype)
-    cache = step_inputs(spec, dtype)["cache_k"]
+    cache = step_inputs(spec, dtype, cache_dtype(dtype, wd))["cache_k"]
 
     embed = SectionBuilder(spec, dtype, wd, {})
     embed_section = embed.section((arch.embed(embed),))

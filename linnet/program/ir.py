@@ -48,8 +48,8 @@ class Section:
 @dataclass(frozen=True)
 class Program:
     spec: ModelSpec
-    dtype: str  # the run dtype ("act"): activations and the KV cache
-    weight_dtype: str  # the weights' dtype: ``dtype``, or 16 bits under f32 arithmetic
+    dtype: str  # the run dtype ("act"): activations, and the KV cache unless the weights are 16-bit
+    weight_dtype: str  # the weights' dtype: ``dtype``, or 16 bits under f32 arithmetic (and cache)
     embed: Section
     # The layer sections by kind ("full", "sliding", "nope", ...), and the kind of each layer in order.
     kinds: dict[str, Section]
@@ -86,7 +86,12 @@ class Program:
 
     def inputs(self) -> dict[str, Value]:
         """The step's inputs other than weights."""
-        return step_inputs(self.spec, self.dtype)
+        return step_inputs(self.spec, self.dtype, self.cache_dtype)
+
+    @property
+    def cache_dtype(self) -> str:
+        """The KV cache's dtype (``cache_dtype``)."""
+        return cache_dtype(self.dtype, self.weight_dtype)
 
     def ring(self, kind: str) -> int | None:
         """The slots of the ring cache that layers of ``kind`` keep (their ``cache_write``'s ``ring``,
@@ -109,14 +114,15 @@ class Program:
         slots or every position, and the scratch position after them."""
         return (self.ring(kind) or positions) + 1
 
-    def cache_bytes_per_row(self, positions: int) -> int:
-        """The keys and values one cache row holds over ``positions``, every layer, in the run dtype: a
-        ring layer's its ring's slots (``linnet.program.rings``); neither counts its scratch slot."""
+    def cache_bytes_per_row(self, positions: int, dtype: str | None = None) -> int:
+        """The keys and values one cache row holds over ``positions``, every layer, in the cache's dtype (or
+        ``dtype``, where a backend keeps it wider): a ring layer's its ring's slots (``linnet.program.rings``);
+        neither counts its scratch slot."""
         from linnet.dtypes import DTYPES
 
         s = self.spec
         held = sum(self.ring(kind) or positions for kind in self.layer_kinds)
-        return 2 * s.num_kv_heads * s.head_dim * held * DTYPES[self.dtype].numpy.itemsize
+        return 2 * s.num_kv_heads * s.head_dim * held * DTYPES[dtype or self.cache_dtype].numpy.itemsize
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every canonical tensor the checkpoint must hold, with its shape (``layers.<i>.<name>``)."""
@@ -131,13 +137,21 @@ class Program:
         return format_program(self)
 
 
-def step_inputs(spec: ModelSpec, act: str) -> dict[str, Value]:
-    cache = Value(("ROWS", spec.num_kv_heads, "P", spec.head_dim), act)
+def cache_dtype(dtype: str, weight_dtype: str) -> str:
+    """The KV cache's dtype: the run dtype, or 16-bit weights' under f32 arithmetic (a CPU's 16-bit run),
+    whose keys and values are then as narrow as the weights, as in a 16-bit run on a GPU or llama.cpp's
+    f16 cache: half the bytes a decode step reads from the cache, and half its memory."""
+    return weight_dtype if weight_dtype in ("bf16", "f16") else dtype
+
+
+def step_inputs(spec: ModelSpec, act: str, cache: str | None = None) -> dict[str, Value]:
+    """The step's inputs other than weights: activations in ``act``, the KV cache in ``cache`` (default act)."""
+    kv = Value(("ROWS", spec.num_kv_heads, "P", spec.head_dim), cache or act)
     tables = Value(("P", spec.rotary_dim * spec.rope_table_count), "f32")  # the rotary tables side by side
     return {
         "tokens": Value(("R", "T"), "i64"), "positions": Value(("R", "T"), "i64"),
         "rows": Value(("R",), "i64"), "select": Value(("R", "S"), "i64"),
-        "cache_k": cache, "cache_v": cache,  # per layer; the step holds LAYERS of each
+        "cache_k": kv, "cache_v": kv,  # per layer; the step holds LAYERS of each
         "rope_cos": tables, "rope_sin": tables,
     }
 

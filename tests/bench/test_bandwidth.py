@@ -99,12 +99,18 @@ def test_a_mixture_of_experts_reads_top_k_of_its_experts(case, checkpoint_dir, t
         assert by_type == {"f32": round(4 * elements)}
 
 
-def test_linnet_rows_read_an_f32_cache_on_a_cpu(checkpoint_dir, tmp_path):
+def test_linnet_rows_read_the_cache_their_runner_keeps(checkpoint_dir, tmp_path):
     job = Job(str(checkpoint_dir("qwen2-tied")), "bf16", PROTOCOL, [1, 2, 3], str(tmp_path))
     spec = open_model(job.model).spec
-    linnet = bandwidth.subject_reads("torch:eager", job, spec, accelerated=False)
-    peer = bandwidth.subject_reads("transformers", job, spec, accelerated=False)
-    assert (linnet.weight_type, linnet.kv_type, peer.kv_type) == ("bf16", "f32", "bf16")
+    reports = {"torch:inductor": {"notes": [], "kv_cache_dtype": "bf16"},  # 16-bit weights, a 16-bit cache
+               "onnx:cpu": {"notes": [], "kv_cache_dtype": "f32"},  # bfloat16 held in float32
+               "transformers": {"notes": []}}
+    reads = bandwidth.reads_of_subjects(job, spec, reports)
+    assert {s: (r.weight_type, r.kv_type) for s, r in reads.items()} == {
+        "torch:inductor": ("bf16", "bf16"), "onnx:cpu": ("bf16", "f32"), "transformers": ("bf16", "bf16")}
+    assert 2 * reads["torch:inductor"].kv_cache == reads["onnx:cpu"].kv_cache > 0
+    # a row that reports no cache (an older results file's worker): f32 on a CPU, the run's dtype on a GPU
+    assert bandwidth.subject_reads("torch:eager", job, spec, accelerated=False).kv_type == "f32"
     assert bandwidth.subject_reads("torch:eager", job, spec, accelerated=True).kv_type == "bf16"
 
 

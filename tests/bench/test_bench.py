@@ -73,7 +73,7 @@ def test_distance_from_the_reference(run):
     assert isinstance(linnet.distance, float) and linnet.distance < 1e-3
     assert linnet.against.row == "transformers" and linnet.against.metric == "decode_tok_s"
     # keys and values of 2 layers, 2 KV heads of 12, 128 positions, f32
-    assert f"KV cache compiled for 128 positions, {2 * 2 * 2 * 12 * 128 * 4} bytes a row" in linnet.notes
+    assert f"KV cache compiled for 128 positions, {2 * 2 * 2 * 12 * 128 * 4} bytes a row in f32" in linnet.notes
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA graphs run where there is a GPU")

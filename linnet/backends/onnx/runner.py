@@ -122,6 +122,9 @@ class OnnxRunner(Runner):
         self._bind_caches()
         self.load_time = weights.load_time + time.perf_counter() - start
 
+    def kept_cache_dtype(self, program: Program) -> str:
+        return self.options.compute or program.cache_dtype  # bfloat16 on the CPU: held in float32
+
     # -- load ------------------------------------------------------------------------------------
     def _graph_file(self, weights: Weights, program: Program, rope_positions: int) -> Path:
         """The graph and its weights on disk, written on the first load and kept in Linnet's cache."""

@@ -143,13 +143,16 @@ _TIE_BLOCKS = """\
 
 _CACHES = """\
         shape = (rows, KV_HEADS, positions, HEAD_DIM)
-        self.cache_k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(LAYERS)]
-        self.cache_v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(LAYERS)]
+        self.cache_k = [torch.zeros(shape, dtype={dtype}, device=device) for _ in range(LAYERS)]
+        self.cache_v = [torch.zeros(shape, dtype={dtype}, device=device) for _ in range(LAYERS)]
 """
 _RING_CACHES = """\
         shapes = [(rows, KV_HEADS, positions if ring is None else ring + 1, HEAD_DIM) for ring in LAYER_RINGS]
-        self.cache_k = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
-        self.cache_v = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
+        self.cache_k = [torch.zeros(shape, dtype={dtype}, device=device) for shape in shapes]
+        self.cache_v = [torch.zeros(shape, dtype={dtype}, device=device) for shape in shapes]
+"""
+_NARROW_CACHE = """\
+        # keys and values as narrow as the weights (Program.cache_dtype), widened where attention reads them
 """
 _RING_DOC = """
 A sliding layer's cache is a ring of N slots (`LAYER_RINGS`: its window plus the longest prompt chunk, less
@@ -383,6 +386,14 @@ def _layer_kinds(program: Program) -> str:
     return "\n".join([*lines, line.rstrip(", ") + ")"]) + "  # each layer's kind, whose function `forward` calls\n"
 
 
+def _caches(program: Program, rings: bool) -> str:
+    """Model's KV caches: in the run dtype it is given, or as narrow as 16-bit weights under f32 arithmetic."""
+    caches = _RING_CACHES if rings else _CACHES
+    if program.cache_dtype == program.dtype:
+        return caches.format(dtype="dtype")
+    return _NARROW_CACHE + caches.format(dtype=_TORCH_DTYPES[program.cache_dtype])
+
+
 def generate_source(program: Program) -> str:
     """The program as a standalone module. `Model` is given the run dtype; weights narrower than it (16-bit
     weights under f32 arithmetic) are widened where they are read."""
@@ -410,7 +421,7 @@ def generate_source(program: Program) -> str:
         layer_kinds=_layer_kinds(program),
         layer_rings=_layer_rings(program),
         ring_doc=_RING_DOC if rings else "",
-        caches=_RING_CACHES if rings else _CACHES,
+        caches=_caches(program, rings),
         num_heads=spec.num_heads,
         num_kv_heads=spec.num_kv_heads,
         head_dim=spec.head_dim,

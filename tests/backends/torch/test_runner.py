@@ -85,3 +85,24 @@ def test_a_compiled_step_reads_no_cache_position_past_its_span(weights):
     for got, expected in zip(*results[::-1]):
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_a_16bit_run_keeps_its_cache_as_narrow_as_its_weights(weights, dtype):
+    """16-bit weights under f32 arithmetic: keys and values rounded to 16 bits where they are written (half
+    the bytes a decode step reads from the cache), and the bytes a row holds reported so."""
+    f32 = create_runner("torch:eager", weights, CacheShape(1, 64))
+    runner = create_runner("torch:eager", weights, CacheShape(1, 64), dtype)
+    narrow = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    assert {c.dtype for c in (*runner.model.cache_k, *runner.model.cache_v)} == {narrow}
+    assert runner.describe()["arithmetic"] == "f32" and runner.describe()["kv_cache_dtype"] == dtype
+    assert 2 * runner.cache_bytes_per_row == f32.cache_bytes_per_row
+    prompt = list(np.random.RandomState(0).randint(5, 300, size=9))
+    token = runner.step(prefill=[Prefill(0, prompt)])[0].token
+    runner.step(decode=[Decode(0, token)])
+    written = runner.model.cache_k[0][0, :, :10]
+    f32.step(prefill=[Prefill(0, prompt)])
+    f32.step(decode=[Decode(0, token)])
+    # the same keys as the f32 run's within the weights' rounding, stored in 16 bits
+    wide = f32.model.cache_k[0][0, :, :10]
+    assert written.abs().max() > 0 and torch.allclose(written.float(), wide, atol=0.05 * float(wide.abs().max()))

@@ -143,7 +143,8 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 def cache_write(cache: torch.Tensor, rows: torch.Tensor | slice, positions: torch.Tensor,
                 value: torch.Tensor) -> torch.Tensor:
-    """value [R, T, KV_HEADS, D] written at (rows, positions), in place."""
+    """value [R, T, KV_HEADS, D] written at (rows, positions), in place, rounded to the cache's dtype."""
+    value = value.to(cache.dtype)
     if isinstance(rows, slice):  # consecutive rows: write through their view
         cache[rows][torch.arange(value.shape[0], device=value.device)[:, None], :, positions] = value
     else:
@@ -170,8 +171,9 @@ def attention(q, cache_k, cache_v, rows, mask, scale: float, softcap: float | No
         keys, values = cache_k[rows].index_select(2, within), cache_v[rows].index_select(2, within)
     else:
         keys, values = cache_k[rows, :, :span], cache_v[rows, :, :span]
-    if compiled_decode(q):
+    if compiled_decode(q):  # a narrower cache is widened inside its loops
         return decode_attention(q, keys, values, mask, scale, softcap, sinks)
+    keys, values = keys.to(q.dtype), values.to(q.dtype)  # a 16-bit cache under f32 arithmetic, widened
     if q.shape[1] == 1 and sinks is None:  # one query a row: a key head's group of query heads, one product's rows
         groups = HEADS // KV_HEADS
         scores = capped((q.view(q.shape[0], KV_HEADS, groups, HEAD_DIM) * scale) @ keys.transpose(-1, -2), softcap)
