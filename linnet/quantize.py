@@ -28,6 +28,7 @@ FORMS = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 144, "q6_k": 210}
 ELEMENTS = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q4_k": 256, "q6_k": 256}  # per block of bytes
 MADE = ("q8_0", "q4_0", "q4_1")  # the forms --quantize makes (gguf.quants quantises only these)
+K_QUANTS = ("q4_k", "q6_k")  # the K-quant forms Linnet reads from a GGUF file
 FORM_OF_TYPE = {t: form for form, t in FORMS.items()}
 
 

@@ -35,11 +35,12 @@ from linnet.backends import CacheShape, create_runner
 from linnet.backends.onnx.export import onnx_program
 from linnet.backends.reference.interpreter import run_step
 from linnet.backends.torch.runner import torch_program
+from linnet.backends.torch.step_functions import super_blocks
 from linnet.default_model import DEFAULT_MODEL
 from linnet.errors import LinnetError
 from linnet.gguf.export import export_gguf
 from linnet.model import open_model
-from linnet.quantize import dequantized, quantized
+from linnet.quantize import BLOCK_BYTES, K_QUANTS, dequantized, quantized
 from linnet.rope import rope_tables
 from linnet.weight_plan import WeightPlan, plan_weights
 
@@ -401,6 +402,53 @@ def test_a_q8_0_gguf_files_experts_run_in_their_blocks_on_torch(moe_checkpoint, 
     floats = [name for name, t in runner.model.named_buffers()
               if "expert_" in name and t.is_floating_point() and not name.endswith((".scales", "_bias"))]
     assert not floats  # the stacks are codes and scales only
+    assert_runs_as_the_program(runner, model.weights, program)
+
+
+@pytest.fixture(scope="module")
+def k_quant_moe_file(tmp_path_factory):
+    """llama.cpp's own Q4_K_M quantisation of a tiny Mixtral whose expert matrices' rows are whole
+    super-blocks of 256: its experts in K-quant forms."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python makes the K-quant file")
+    import ctypes
+
+    directory = tmp_path_factory.mktemp("k-quant-experts")
+    case = Case("mixtral-k", "MixtralForCausalLM", dict(EXPERTS, hidden_size=256, intermediate_size=256,
+                                                        num_attention_heads=4, num_key_value_heads=2, head_dim=64))
+    floats = export_gguf(open_model(str(build_checkpoint(case, directory / "hf"))), directory / "f32.gguf", "f32")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    out = directory / "q4_k_m.gguf"
+    assert llama_cpp.llama_model_quantize(str(floats).encode(), str(out).encode(), ctypes.byref(params)) == 0
+    return out
+
+
+@pytest.mark.parametrize("form", K_QUANTS)
+def test_torch_dequantises_k_quant_super_blocks_as_gguf_does(form):
+    """Any codes, scales and mins (random bytes, the f16 fields finite): gguf.quants' values, bit for bit."""
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, size=(3, 4, BLOCK_BYTES[form]), dtype=np.uint8)  # [rows, super-blocks, bytes]
+    for at in (0, 2) if form == "q4_k" else (208,):  # d (and dmin)
+        raw[..., at:at + 2] = rng.uniform(-0.1, 0.1, size=(3, 4, 1)).astype(np.float16).view(np.uint8)
+    ours = super_blocks(form, torch.from_numpy(raw)).flatten(-2).numpy()
+    np.testing.assert_array_equal(ours, dequantized(raw.reshape(3, -1), form))
+
+
+def test_a_k_quant_files_experts_run_in_their_super_blocks_on_torch(k_quant_moe_file):
+    """torch:eager keeps a file's K-quant expert stacks as the file holds them and dequantises the chosen
+    experts' super-blocks alone for their tokens: the Program's values, f32's budget. Here the gate and up
+    stacks (Q4_K in both layers); Q4_K_M gives one layer's down experts Q6_K, and a stack whose layers mix
+    forms runs dequantised, as do the file's other K-quant matrices on torch."""
+    model = open_model(str(k_quant_moe_file))
+    stored = {form for name, (form, _) in model.weights.blocks.items() if "expert_" in name}
+    assert stored == {"q4_k", "q6_k"}
+    runner = create_runner("torch:eager", model.weights, CacheShape(1, 64), quantize="gguf")
+    program = PROGRAMS["torch:eager"](model.weights, "gguf")
+    stacks = {name: form for _, name, form in program.quantized if name in STACKS}
+    assert stacks == {"expert_gate": "q4_k", "expert_up": "q4_k"}
+    floats = [name for name, t in runner.model.named_buffers()
+              if name.rsplit(".", 1)[-1] in stacks and t.is_floating_point()]
+    assert not floats  # super-blocks only: no float copy of a stack
     assert_runs_as_the_program(runner, model.weights, program)
 
 

@@ -32,7 +32,7 @@ from linnet.program import (
     quantize_weights,
 )
 from linnet.program.ops import features
-from linnet.quantize import MADE, block_names, check_form
+from linnet.quantize import K_QUANTS, MADE, block_names, check_form
 from linnet.rope import rope_tables
 from linnet.sampling import Sampling
 from linnet.spec import ModelSpec
@@ -51,8 +51,9 @@ def torch_program(spec: ModelSpec, dtype: str = "f32", weight_dtype: str | None 
     ``expert_blocks``: a mixture's expert stacks too (else widened at load, as compiled steps need them:
     ``TorchRunner``)."""
     program = fuse_norm_linears(fuse_projections(build_program(spec, dtype, weight_dtype)))
-    # the forms its Blocks dequantise (linnet.quantize.MADE)
-    forms = block_forms(program, weights, quantize, stacks=MADE if expert_blocks else ())
+    # the forms its Blocks dequantise: MADE in its products, and a file's K-quant experts (eager's, whose
+    # chosen experts alone are dequantised for their tokens)
+    forms = block_forms(program, weights, quantize, stacks=(*MADE, *K_QUANTS) if expert_blocks else ())
     # A matrix in blocks keeps its values: its norm's weight multiplies x instead of being folded in.
     return quantize_weights(program, forms) if forms else fold_norm_weights(program)
 

@@ -130,9 +130,11 @@ class Blocks(torch.nn.Module):
     per block an f16 scale d (q4_1: then an f16 min m), then 32 codes q. q8_0: q int8, w = d * q; q4_0
     and q4_1: two codes a byte (element j in the low nibble, j + 16 in the high), w = d * (q - 8) and
     w = d * q + m. `scales`, `mins` and `codes` are views of those bytes, not copies. A stack of such
-    matrices (a mixture's experts, [experts, out, in]) is one Blocks too, its experts read by index."""
+    matrices (a mixture's experts, [experts, out, in]) is one Blocks too, its experts read by index. A
+    K-quant's super-blocks of 256 (q4_k, q6_k: `super_blocks`) are kept whole as `codes` and only
+    dequantised, a stack's chosen experts at a time (eager's experts)."""
 
-    BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+    BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 144, "q6_k": 210}
     scales: torch.Tensor
     mins: torch.Tensor
     codes: torch.Tensor
@@ -141,6 +143,9 @@ class Blocks(torch.nn.Module):
         super().__init__()
         self.form = form
         blocks = data.view(*data.shape[:-1], -1, self.BYTES[form])  # [(experts,) out, in / 32, bytes]
+        if form in ("q4_k", "q6_k"):  # [(experts,) out, in / 256, bytes]
+            self.register_buffer("codes", blocks, persistent=False)
+            return
         self.register_buffer("scales", blocks[..., :2].view(torch.float16), persistent=False)  # [..., in / 32, 1]
         if form == "q4_1":
             self.register_buffer("mins", blocks[..., 2:4].view(torch.float16), persistent=False)
@@ -153,6 +158,8 @@ class Blocks(torch.nn.Module):
 
     def dequantize(self, dtype: torch.dtype, rows: "torch.Tensor | int | None" = None) -> torch.Tensor:
         """The matrix, or its `rows` (an embedding's lookup; a stack's experts), in dtype."""
+        if self.form in ("q4_k", "q6_k"):
+            return super_blocks(self.form, self.codes if rows is None else self.codes[rows]).flatten(-2).to(dtype)
         codes, d = self.codes, self.scales
         m = self.mins if self.form == "q4_1" else None
         if rows is not None:  # indexed before widening: a stack's other experts are not read
@@ -177,6 +184,31 @@ class Blocks(torch.nn.Module):
             m = self.mins.float().unsqueeze(1) if self.form == "q4_1" else -8 * d
             products = ((codes & 15).float() * d + m) * x[..., 0, :] + ((codes >> 4).float() * d + m) * x[..., 1, :]
         return products.sum((-2, -1)).T[:, None]
+
+
+def super_blocks(form: str, raw: torch.Tensor) -> torch.Tensor:
+    """A K-quant's super-blocks of bytes [..., n, 144 | 210] as the 256 values each stands for [..., n, 256],
+    in float32, computed as gguf.quants computes them. q4_k: f16 d and dmin, twelve bytes packing eight
+    6-bit scales sc and mins m, then eight sub-blocks of 32 4-bit codes (each 32 bytes hold two: low
+    nibbles, then high), w = d * sc * q - dmin * m. q6_k: 128 bytes of low 4 bits, 64 of high 2 bits, sixteen
+    int8 scales, f16 d; w = d * sc * (q - 32) in sub-blocks of 16."""
+    def f16(at: int) -> torch.Tensor:  # the f16 at byte `at` of each super-block, as float32 [..., n, 1]
+        return raw[..., at:at + 2].contiguous().view(torch.float16).float()
+
+    if form == "q4_k":
+        packed = raw[..., 4:16]
+        low, high, tail = packed[..., :4], packed[..., 4:8], packed[..., 8:]
+        sc = torch.cat((low & 63, (tail & 15) | ((low >> 6) << 4)), -1).float()  # [..., n, 8]
+        m = torch.cat((high & 63, (tail >> 4) | ((high >> 6) << 4)), -1).float()
+        qs = raw[..., 16:].unflatten(-1, (4, 32))
+        q = torch.stack((qs & 15, qs >> 4), -2).flatten(-3, -2).float()  # [..., n, 8, 32]
+        return ((f16(0) * sc)[..., None] * q - (f16(2) * m)[..., None]).flatten(-2)
+    ql, qh = raw[..., :128].unflatten(-1, (2, 64)), raw[..., 128:192].unflatten(-1, (2, 32))
+    sc = raw[..., 192:208].view(torch.int8).float()  # [..., n, 16]
+    low = torch.stack((ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4), -2)
+    high = torch.stack([(qh >> shift) & 3 for shift in (0, 2, 4, 6)], -2)  # [..., n, 2, 4, 32] both
+    q = (low | (high << 4)).flatten(-3).float() - 32  # [..., n, 256]
+    return ((f16(208) * sc)[..., None] * q.unflatten(-1, (16, 16))).flatten(-2)
 
 
 def attach(module: torch.nn.Module, name: str, weight: "torch.Tensor | Blocks") -> None:
