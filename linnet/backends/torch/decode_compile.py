@@ -7,8 +7,9 @@ doing nothing but that, each measured in one process against the step without it
 - `realize_reads_threshold=1`: a value that several loops read (the residual stream) is written once
   instead of recomputed in each of them.
 - `DecodeStepPass` writes each product's input (the norm-scaled activation, times the norm's weight
-  for a tied head) to a buffer first; inductor would otherwise inline that pointwise work into the
-  product's inner loop, where it is redone for every row of the weights.
+  for a tied head; attention's rotated query, and its softmax, against the KV cache) to a buffer first;
+  inductor would otherwise inline that pointwise work into the product's inner loop, where it is redone
+  for every row of the weights, or every cache position.
 - `-ffp-contract=fast`: each multiply-and-add of those loops is one fused instruction.
 - `emulate_precision_casts`: a 16-bit value the step rounds to stays rounded inside a fused loop, so
   that one row's step gives what a step of several rows gives.
@@ -56,10 +57,13 @@ def _through(node: Any, ops: set) -> Any:
 
 
 def product_inputs(graph: torch.fx.Graph) -> list[torch.fx.Node]:
-    """The pointwise-computed activations that a multiply-and-sum with a weight reads (a reduction's
-    output, such as attention's, is a buffer already and keeps the layout it has). The sum is over a
+    """The pointwise-computed activations that a multiply-and-sum with a weight, or with the KV cache,
+    reads (a reduction's output is a buffer already and keeps the layout it has). The sum is over a
     product or a sum of products (a 4-bit block's low and high halves); a weight is a graph input, or
-    computed from graph inputs alone by pointwise ops (a matrix in blocks, dequantised in the loop)."""
+    computed from graph inputs alone by pointwise ops (a matrix in blocks, dequantised in the loop); the
+    cache's keys and values are gathered from a graph input (``_from_memory``). So attention's rotated,
+    scaled query is written once, not recomputed for every cache position its loop reads (Phi-3.5-mini's
+    shapes at 1,024 positions: a third of the decode step), nor its softmax's division for every value."""
     found = []
     for node in graph.nodes:
         if node.op != "call_function" or node.target != aten.sum.dim_IntList:
@@ -73,7 +77,7 @@ def product_inputs(graph: torch.fx.Graph) -> list[torch.fx.Node]:
                 # through views only: an input rounded to 16 bits and widened again is realized as the
                 # product reads it, so that the rounding is done once, not again for every weight row
                 activation = _through(activation, _VIEWS)
-                if (_from_weights(weight) and _is_pointwise(activation) and not _from_weights(activation)
+                if (_from_memory(weight) and _is_pointwise(activation) and not _from_memory(activation)
                         and activation not in found):
                     found.append(activation)
     return found
@@ -86,6 +90,19 @@ def _from_weights(node: Any) -> bool:
     if not isinstance(node, torch.fx.Node) or node.op in ("placeholder", "get_attr"):
         return True
     return _is_pointwise(node) and all(_from_weights(arg) for arg in node.all_input_nodes)
+
+
+_GATHERS = {aten.index.Tensor, aten.index_select.default, aten.index_put.default, aten.index_put_.default}
+
+
+def _from_memory(node: Any) -> bool:
+    """Whether a product's operand streams from memory: a weight (``_from_weights``), or a gather from
+    one, such as the rows and positions of the KV cache (a graph input, as the step's write left it)."""
+    if _from_weights(node):
+        return True
+    node = _through(node, _VIEWS | _CASTS)
+    return (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _GATHERS
+            and _from_memory(node.args[0]))
 
 
 def _is_pointwise(node: Any) -> bool:
@@ -102,7 +119,7 @@ class DecodeStepPass(CustomGraphPass):
             node.meta["inductor_realize_to_strides"] = True  # lowering realizes such a node's value
 
     def uuid(self) -> Any:
-        return "linnet-decode-step-7"
+        return "linnet-decode-step-8"
 
 
 DECODE_STEP_PASS = DecodeStepPass()

@@ -43,6 +43,42 @@ def test_the_pass_finds_the_activation_a_weight_product_reads():
     assert product_inputs(make_fx(lambda q, k: (q.exp() * k.exp()).sum(-1))(x, w).graph) == []
 
 
+def scores(x, w, cos, sin, cache, rows, within):
+    """Attention's scores in a decode step's shape of work: a query projected from x, rotated and scaled
+    (pointwise, in the step), times the keys gathered from the cache's rows and positions."""
+    q = (x[:, None] * w).sum(-1).view(1, 4, 64)  # [R, HEADS, D]
+    q = q * cos + torch.cat((-q[..., 32:], q[..., :32]), -1) * sin
+    keys = cache[rows].index_select(2, within)  # [R, HEADS, P, D]
+    return ((q * 0.125)[:, :, None] * keys).sum(-1)
+
+
+SCORES_ARGS = (0.1 * torch.randn(1, 64), torch.randn(256, 64), torch.randn(64), torch.randn(64),
+               torch.randn(2, 4, 4096, 64), torch.tensor([1]), torch.arange(4096))
+
+
+def test_the_pass_finds_the_query_a_product_with_the_cache_reads():
+    graph = make_fx(scores)(*SCORES_ARGS).graph
+    [query] = product_inputs(graph)  # not x, a graph input as it is
+    assert query.target == torch.ops.aten.mul.Tensor and query.args[1] == 0.125  # the scaled query, not the keys
+
+
+def test_the_scores_loop_reads_the_keys_and_a_realized_query(two_threads_no_graph_cache):
+    """Without the pass the query's rotation and scale are redone inside the loop over the cache's 4096
+    positions (Phi's were, for every position of every head: a third of its decode step at 1,024)."""
+    plain = torch.compile(scores, options={"realize_reads_threshold": 1})
+    lean = torch.compile(scores, options=decode_compile_options())
+    _, [plain_code] = run_and_get_code(plain, *SCORES_ARGS)
+    out, [lean_code] = run_and_get_code(lean, *SCORES_ARGS)
+    torch.testing.assert_close(out, scores(*SCORES_ARGS), rtol=1e-4, atol=1e-4)
+    assert "0.125" in _loop_over(plain_code, 4096) and "0.125" not in _loop_over(lean_code, 4096)
+
+
+def _loop_over(code: str, size: int) -> str:
+    """The C++ of the first loop over ``size`` iterations, to the end of its body."""
+    start = re.search(rf"x\d+<static_cast<int64_t>\({size}L\)", code).start()
+    return code[start:code.index("}\n        }\n", start)]
+
+
 def test_a_weight_the_graph_holds_as_a_constant_is_a_weight():
     """An exported step's weights are constants of its graph (`get_attr`), not inputs: the pass found no
     product in AOTInductor packages until it knew them (SmolLM2's decode step 15-26% slower)."""
