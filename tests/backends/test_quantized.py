@@ -25,6 +25,8 @@ dequantised values in float32, where the rounding of x itself adds: 15% (measure
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -152,22 +154,26 @@ def test_a_q8_0_gguf_file_runs_in_its_own_blocks(backend, case, checkpoint, tmp_
     assert np.abs(ours - floats).max() <= budget * np.abs(floats).max()
 
 
-@pytest.fixture(scope="module")
-def k_quant_file(tmp_path_factory):
-    """llama.cpp's own Q4_K_M quantisation of a tiny Qwen2 with rows of 256 (K-quants' super-blocks):
-    its matrices in Q4_K, some in Q6_K."""
+def q4_k_m_file(case: Case, directory: Path) -> Path:
+    """llama.cpp's own Q4_K_M quantisation of ``case``'s tiny checkpoint, whose rows are whole super-blocks of
+    256: its matrices in Q4_K, some in Q6_K."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python makes the K-quant file")
     import ctypes
 
-    directory = tmp_path_factory.mktemp("k-quants")
-    case = Case("qwen2-k", "Qwen2ForCausalLM", dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                                                     num_key_value_heads=2, head_dim=64, tie_word_embeddings=False))
     floats = export_gguf(open_model(str(build_checkpoint(case, directory / "hf"))), directory / "f32.gguf", "f32")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
     out = directory / "q4_k_m.gguf"
     assert llama_cpp.llama_model_quantize(str(floats).encode(), str(out).encode(), ctypes.byref(params)) == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def k_quant_file(tmp_path_factory):
+    """A tiny Qwen2's Q4_K_M file."""
+    return q4_k_m_file(Case("qwen2-k", "Qwen2ForCausalLM", dict(
+        hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        tie_word_embeddings=False)), tmp_path_factory.mktemp("k-quants"))
 
 
 def test_a_k_quant_file_runs_in_its_own_blocks_on_onnx_runtime(k_quant_file):
@@ -407,20 +413,10 @@ def test_a_q8_0_gguf_files_experts_run_in_their_blocks_on_torch(moe_checkpoint, 
 
 @pytest.fixture(scope="module")
 def k_quant_moe_file(tmp_path_factory):
-    """llama.cpp's own Q4_K_M quantisation of a tiny Mixtral whose expert matrices' rows are whole
-    super-blocks of 256: its experts in K-quant forms."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python makes the K-quant file")
-    import ctypes
-
-    directory = tmp_path_factory.mktemp("k-quant-experts")
-    case = Case("mixtral-k", "MixtralForCausalLM", dict(EXPERTS, hidden_size=256, intermediate_size=256,
-                                                        num_attention_heads=4, num_key_value_heads=2, head_dim=64))
-    floats = export_gguf(open_model(str(build_checkpoint(case, directory / "hf"))), directory / "f32.gguf", "f32")
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
-    out = directory / "q4_k_m.gguf"
-    assert llama_cpp.llama_model_quantize(str(floats).encode(), str(out).encode(), ctypes.byref(params)) == 0
-    return out
+    """A tiny Mixtral's Q4_K_M file: its experts in K-quant forms."""
+    return q4_k_m_file(Case("mixtral-k", "MixtralForCausalLM", dict(
+        EXPERTS, hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64)),
+        tmp_path_factory.mktemp("k-quant-experts"))
 
 
 @pytest.mark.parametrize("form", K_QUANTS)
