@@ -110,7 +110,7 @@ def serve(name: str, job: Job, commands: IO[str], load_only: bool = False) -> No
         runs += 1
     runner = getattr(subject, "runner", None)  # a Linnet backend's: the dtype its KV cache is kept in
     reply({"peak_memory": subject.peak_memory(), "notes": subject.notes(),
-           "kv_cache_dtype": runner.describe()["kv_cache_dtype"] if runner is not None else None})
+           "kv_cache_dtype": runner.cache_dtype if runner is not None else None})
 
 
 def main(argv: list[str]) -> int:

@@ -135,6 +135,7 @@ class Blocks(torch.nn.Module):
     dequantised, a stack's chosen experts at a time (eager's experts)."""
 
     BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 144, "q6_k": 210}
+    SUPER_BLOCKS = ("q4_k", "q6_k")  # kept whole, dequantised only
     scales: torch.Tensor
     mins: torch.Tensor
     codes: torch.Tensor
@@ -143,7 +144,7 @@ class Blocks(torch.nn.Module):
         super().__init__()
         self.form = form
         blocks = data.view(*data.shape[:-1], -1, self.BYTES[form])  # [(experts,) out, in / 32, bytes]
-        if form in ("q4_k", "q6_k"):  # [(experts,) out, in / 256, bytes]
+        if form in self.SUPER_BLOCKS:  # [(experts,) out, in / 256, bytes]
             self.register_buffer("codes", blocks, persistent=False)
             return
         self.register_buffer("scales", blocks[..., :2].view(torch.float16), persistent=False)  # [..., in / 32, 1]
@@ -158,7 +159,7 @@ class Blocks(torch.nn.Module):
 
     def dequantize(self, dtype: torch.dtype, rows: "torch.Tensor | int | None" = None) -> torch.Tensor:
         """The matrix, or its `rows` (an embedding's lookup; a stack's experts), in dtype."""
-        if self.form in ("q4_k", "q6_k"):
+        if self.form in self.SUPER_BLOCKS:
             return super_blocks(self.form, self.codes if rows is None else self.codes[rows]).flatten(-2).to(dtype)
         codes, d = self.codes, self.scales
         m = self.mins if self.form == "q4_1" else None
