@@ -20,13 +20,21 @@ doing nothing but that, each measured in one process against the step without it
   C++ code generator is wrapped (torch is pinned), acting only in compiles whose post-grad pass is a
   `DecodeStepPass`. Parallel reductions keep the static schedule, whose fixed split keeps their sums
   deterministic.
-- A prefetch ahead of each stream: every contiguous vector load of floating-point values from a buffer
-  larger than the L2 cache (a weight matrix, a layer's KV cache) is preceded by a software prefetch
-  `PREFETCH_BYTES` further on. The CPUs' own prefetchers left a one-row loop over bf16 weights at
-  70-80% of what a plain sum of memory reads; 2-8 KB ahead they read as fast as it (docs/NOTEBOOK.md,
-  2026-12-07). Not for the integer codes of a matrix in blocks: those loops are bound by their
-  arithmetic, and the prefetches slowed SmolLM2's Q4_1 decode by a fifth. A prefetch never faults, so
-  one past a buffer's end is harmless. Wrapped the same way, in the same compiles.
+- A prefetch ahead of each stream, in AVX2 code: every contiguous vector load of floating-point values
+  from a buffer larger than the L2 cache (a weight matrix, a layer's KV cache) is preceded by a software
+  prefetch `PREFETCH_BYTES` further on. On an AVX2 EPYC the CPU's own prefetchers left a one-row loop
+  over bf16 weights at 70-80% of what a plain sum of memory reads; 2-8 KB ahead it read as fast as the
+  sum. On an AVX-512 EPYC the same prefetches slowed that loop and the decode step by a sixth, so code
+  for 512-bit vectors has none (docs/NOTEBOOK.md, 2026-12-07). Not for the integer codes of a matrix in
+  blocks: those loops are bound by their arithmetic, and the prefetches slowed SmolLM2's Q4_1 decode by
+  a fifth. A prefetch never faults, so one past a buffer's end is harmless. Wrapped the same way, in
+  the same compiles.
+- bf16 dot products where the CPU has them (AVX512-BF16): a sum over the vector axis of a bf16 weight
+  times a bf16 input, each widened to f32 in the loop, is one `vdpbf16ps` a 32 values instead of two
+  widenings and two multiply-adds. The products of two bf16 values are exact in f32, so only the order
+  of the f32 sums changes. Widening cost a quarter of that loop's speed once memory was fast enough to
+  outrun it (docs/NOTEBOOK.md, 2026-12-07). So that the input is bf16 in the loop, a product's input
+  rounded to 16 bits is realized in 16 bits (`product_inputs`).
 
 The pass's uuid is in inductor's cache key, so a change here must change it.
 """
@@ -74,13 +82,24 @@ def product_inputs(graph: torch.fx.Graph) -> list[torch.fx.Node]:
             if not (isinstance(mul, torch.fx.Node) and mul.target == aten.mul.Tensor):
                 continue
             for weight, activation in (mul.args, mul.args[::-1]):
-                # through views only: an input rounded to 16 bits and widened again is realized as the
-                # product reads it, so that the rounding is done once, not again for every weight row
+                # through views; and through the widening of an input rounded to 16 bits, which is
+                # realized in 16 bits (the rounding done once, not again for every weight row)
                 activation = _through(activation, _VIEWS)
+                if _widens_16_bits(activation):
+                    activation = _through(activation.args[0], _VIEWS)
                 if (_from_memory(weight) and _is_pointwise(activation) and not _from_memory(activation)
                         and activation not in found):
                     found.append(activation)
     return found
+
+
+def _widens_16_bits(node: Any) -> bool:
+    """Whether a node casts a 16-bit floating-point value to float32."""
+    if not (isinstance(node, torch.fx.Node) and node.target in _CASTS and isinstance(node.args[0], torch.fx.Node)):
+        return False
+    source, result = node.args[0].meta.get("val"), node.meta.get("val")
+    return (getattr(source, "dtype", None) in (torch.bfloat16, torch.float16)
+            and getattr(result, "dtype", None) == torch.float32)
 
 
 def _from_weights(node: Any) -> bool:
@@ -119,7 +138,7 @@ class DecodeStepPass(CustomGraphPass):
             node.meta["inductor_realize_to_strides"] = True  # lowering realizes such a node's value
 
     def uuid(self) -> Any:
-        return "linnet-decode-step-8"
+        return "linnet-decode-step-9"
 
 
 DECODE_STEP_PASS = DecodeStepPass()
@@ -129,6 +148,7 @@ def decode_compile_options() -> dict[str, Any]:
     """torch.compile options for the decode step (installing the guided-loop wrapper once per process)."""
     _install_guided_loops()
     _install_prefetching_loads()
+    _install_bf16_dot_products()
     return {
         "realize_reads_threshold": 1,
         "post_grad_custom_post_pass": DECODE_STEP_PASS,
@@ -171,7 +191,7 @@ def _install_prefetching_loads() -> None:
     original = CppVecKernel.load
 
     def load(self: CppVecKernel, name: str, index: Any) -> Any:
-        if isinstance(inductor_config.post_grad_custom_post_pass, DecodeStepPass):
+        if isinstance(inductor_config.post_grad_custom_post_pass, DecodeStepPass) and self.vec_isa.bit_width() == 256:
             try:
                 dtype, numel = V.graph.get_dtype(name), V.graph.get_numel(name)
             except KeyError:  # a kernel's own local buffer (a per-thread scratch row), not the graph's
@@ -187,3 +207,47 @@ def _install_prefetching_loads() -> None:
 
     load._linnet_prefetching = True  # type: ignore[attr-defined]  # marks the patch, so that it is made once
     CppVecKernel.load = load  # type: ignore[method-assign]  # patching inductor's class is the point
+
+
+def _install_bf16_dot_products() -> None:
+    from torch._inductor.codegen.cpp import CppVecKernel
+    from torch._inductor.codegen.cpp_utils import CppCSEVariable
+
+    if getattr(CppVecKernel.reduction_combine_vec, "_linnet_bf16_dot", False):
+        return
+    original_update, original_combine = CppCSEVariable.update_on_args, CppVecKernel.reduction_combine_vec
+
+    def update_on_args(self: CppCSEVariable, name: str, args: Any, kwargs: Any) -> None:
+        # what each value of a kernel is, as far as the rewrite below needs: a bf16 load, its widening
+        # to f32, and the product of two such widenings
+        original_update(self, name, args, kwargs)
+        if name == "load" and self.dtype == torch.bfloat16:
+            self._linnet_bf16 = True  # type: ignore[attr-defined]
+        elif name in ("to_dtype", "identity") and getattr(args[0], "_linnet_bf16", False):
+            if self.dtype == torch.bfloat16:  # the same values: `(tmp)`
+                self._linnet_bf16 = True  # type: ignore[attr-defined]
+            elif self.dtype == torch.float32:
+                self._linnet_widened = args[0]  # type: ignore[attr-defined]
+        elif name == "mul" and all(getattr(a, "_linnet_widened", None) is not None for a in args):
+            self._linnet_bf16_pair = tuple(a._linnet_widened for a in args)  # type: ignore[attr-defined]
+
+    def reduction_combine_vec(self: CppVecKernel, reduction_type: str, var: str, next_value: Any,
+                              helper_val: Any = None, index: Any = None, horizontal_reduction: Any = None,
+                              src_dtype: Any = torch.float32) -> str:
+        pair = getattr(next_value, "_linnet_bf16_pair", None)
+        # only a sum along the vector axis (its lanes are added up at the end, so which lane holds which
+        # pair does not matter), whole vectors of 32 bf16 values (one 512-bit register each), in
+        # decode-step compiles for a CPU with bf16 dot products
+        if (pair is not None and reduction_type == "sum" and helper_val is None and not self.tail_size
+                and horizontal_reduction and self.tiling_factor == 32 and all(v.is_vec for v in pair)
+                and getattr(self.vec_isa, "is_avx512_bf16_supported", lambda: False)()
+                and isinstance(inductor_config.post_grad_custom_post_pass, DecodeStepPass)):
+            a, b = pair
+            return (f"[&] {{ auto sums = {var}; sums[0] = at::vec::Vectorized<float>(_mm512_dpbf16_ps(sums[0], "
+                    f"(__m512bh)(__m512i){a}, (__m512bh)(__m512i){b})); return sums; }}()")
+        return original_combine(self, reduction_type, var, next_value, helper_val, index, horizontal_reduction,
+                                src_dtype)
+
+    reduction_combine_vec._linnet_bf16_dot = True  # type: ignore[attr-defined]  # marks the patch, made once
+    CppCSEVariable.update_on_args = update_on_args  # type: ignore[method-assign]  # patching inductor is the point
+    CppVecKernel.reduction_combine_vec = reduction_combine_vec  # type: ignore[method-assign]

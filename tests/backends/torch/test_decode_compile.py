@@ -1,5 +1,5 @@
 """The decode step's compile: each product's input realized before the product, guided loop schedules,
-streamed weights prefetched; other compiles keep inductor's defaults."""
+streamed weights prefetched in AVX2 code, bf16 dot products; other compiles keep inductor's defaults."""
 from __future__ import annotations
 
 import re
@@ -7,6 +7,7 @@ import zipfile
 
 import pytest
 import torch
+from torch._inductor.cpu_vec_isa import pick_vec_isa
 from torch._inductor.utils import run_and_get_code
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -118,16 +119,21 @@ def test_only_compiles_given_the_options_get_guided_loops(two_threads_no_graph_c
     torch.testing.assert_close(out, (w * x).sum(-1).relu())
 
 
+AVX2 = {"cpp.simdlen": 256}  # inductor's code for 256-bit vectors, on any x86-64 CPU this project runs on
+
+
 def test_only_compiles_given_the_options_prefetch_the_streamed_weights(two_threads_no_graph_cache):
-    """A floating-point weight larger than the L2 cache is prefetched ahead of the product's loads; a
-    small input (x, which stays in L1) is not, and nor is anything in a compile without the options."""
+    """In AVX2 code, a floating-point weight larger than the L2 cache is prefetched ahead of the product's
+    loads; a small input (x, which stays in L1) is not, and nor is anything in a compile without the
+    options, nor code for 512-bit vectors."""
     x, w = torch.randn(1, 1, 1024), torch.randn(4096, 1024).to(torch.bfloat16)  # w: 8 MiB
 
     def product(x, w):
         return (w.view(-1, 1, 1024).float() * x[:, 0].view(1, -1, 1024)).sum(-1).relu()
 
-    out, [lean] = run_and_get_code(torch.compile(product, options=decode_compile_options()), x, w)
-    _, [plain] = run_and_get_code(torch.compile(product), x, w)
+    with torch._inductor.config.patch(AVX2):
+        out, [lean] = run_and_get_code(torch.compile(product, options=decode_compile_options()), x, w)
+        _, [plain] = run_and_get_code(torch.compile(product), x, w)
     torch.testing.assert_close(out, product(x, w), rtol=1e-4, atol=1e-4)  # sums in another order
     loop = _reduction_over_rows(lean)
     [prefetch] = re.findall(r"__builtin_prefetch\((\w+) \+ (.*) \+ (\d+)\);", loop)
@@ -137,8 +143,12 @@ def test_only_compiles_given_the_options_prefetch_the_streamed_weights(two_threa
     assert "__builtin_prefetch" not in plain
     # integer codes (a matrix in blocks) are read by loops bound by their arithmetic: not prefetched
     codes = torch.randint(-127, 128, (4096, 1024), dtype=torch.int8)
-    _, [integer] = run_and_get_code(torch.compile(product, options=decode_compile_options()), x, codes)
+    with torch._inductor.config.patch(AVX2):
+        _, [integer] = run_and_get_code(torch.compile(product, options=decode_compile_options()), x, codes)
     assert "Vectorized<int8_t>::loadu" in _reduction_over_rows(integer) and "__builtin_prefetch" not in integer
+    if pick_vec_isa().bit_width() == 512:  # the prefetches slowed an AVX-512 EPYC's loops: none there
+        _, [wide] = run_and_get_code(torch.compile(product, options=decode_compile_options()), x, w)
+        assert "Vectorized<at::BFloat16>::loadu" in _reduction_over_rows(wide) and "__builtin_prefetch" not in wide
 
 
 def test_a_loop_over_a_kernels_own_local_buffer_compiles(two_threads_no_graph_cache):
@@ -158,10 +168,11 @@ def test_the_decode_step_is_compiled_with_guided_loops_and_prefetches(checkpoint
                                                                       monkeypatch, tmp_path):
     monkeypatch.setenv("LINNET_CACHE", str(tmp_path))  # a package compiled here, not found on disk
     monkeypatch.setattr(decode_compile, "STREAMED_BYTES", 1024)
-    runner = create_runner("torch:inductor", open_model(str(checkpoint_dir("qwen2-tied"))).weights,
-                           CacheShape(rows=2, positions=32))
-    runner.prefill(0, list(range(3, 10)))
-    runner.decode([5, 0])
+    with torch._inductor.config.patch(AVX2):  # code for 256-bit vectors, where the prefetches are
+        runner = create_runner("torch:inductor", open_model(str(checkpoint_dir("qwen2-tied"))).weights,
+                               CacheShape(rows=2, positions=32))
+        runner.prefill(0, list(range(3, 10)))
+        runner.decode([5, 0])
     one = torch.zeros((2, 1), dtype=torch.int64)
     package = aot.package_path(runner.model, runner.source, (one, one, one[:, 0], None), dynamic=False)
     with zipfile.ZipFile(package) as files:
@@ -195,22 +206,44 @@ def test_a_16_bit_weight_widened_in_the_loop_is_still_a_weight(two_threads_no_gr
     assert "std::sqrt" not in loop and "convert<float,2,at::BFloat16" in loop  # reads 16 bits, widens in the loop
 
 
+def rounded(x, w, n):
+    """The generated `linear` on a CPU with 16-bit products: the input rounded to bf16, then it and the
+    bf16 weights widened to f32 and multiplied, summed in f32."""
+    xs = n * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))
+    return (w.float() * xs.to(torch.bfloat16).float()).sum(-1)
+
+
+ROUNDED_ARGS = (torch.randn(1, 64), torch.randn(4096, 64).to(torch.bfloat16), torch.randn(64))
+
+
 def test_a_16_bit_rounded_input_is_rounded_once_not_in_the_loop(two_threads_no_graph_cache):
-    """The generated `linear` on a CPU with 16-bit products: the input is rounded to bf16 and widened
-    again, then multiplied with the widened bf16 weights. The rounded input is what the pass realizes, so
-    that the loop over the weights converts only the weights, not the input again for every weight row."""
-    x, n = torch.randn(1, 64), torch.randn(64)
-    w = torch.randn(4096, 64).to(torch.bfloat16)
-
-    def rounded(x, w, n):
-        xs = n * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))
-        return (w.float() * xs.to(torch.bfloat16).float()).sum(-1)
-
-    out, [code] = run_and_get_code(torch.compile(rounded, options=decode_compile_options()), x, w, n)
-    torch.testing.assert_close(out, rounded(x, w, n))
+    """The rounded input is what the pass realizes, in bf16, so that the loop over the weights reads two
+    bf16 streams and rounds nothing again for every weight row. In AVX2 code both are widened there."""
+    with torch._inductor.config.patch(AVX2):
+        out, [code] = run_and_get_code(torch.compile(rounded, options=decode_compile_options()), *ROUNDED_ARGS)
+    torch.testing.assert_close(out, rounded(*ROUNDED_ARGS))
     loop = _reduction_over_rows(code)
-    assert "convert<float,2,at::BFloat16" in loop  # the weights, widened
+    assert loop.count("Vectorized<at::BFloat16>::loadu") == 2  # the weights and the realized input
+    assert loop.count("convert<float,2,at::BFloat16") == 2  # each widened
     assert "convert<at::BFloat16" not in loop and "convert<at::BFloat16" in code  # rounded, once, before
+    assert "dpbf16" not in code
+
+
+@pytest.mark.skipif(not (pick_vec_isa().bit_width() == 512 and torch.cpu._is_avx512_bf16_supported()),
+                    reason="needs a CPU with AVX512-BF16 dot products")
+def test_a_bf16_product_is_a_bf16_dot_product_where_the_cpu_has_one(two_threads_no_graph_cache):
+    """bf16 weights times a bf16 input, summed along the vector axis: one vdpbf16ps a 32 values, in f32."""
+    out, [code] = run_and_get_code(torch.compile(rounded, options=decode_compile_options()), *ROUNDED_ARGS)
+    torch.testing.assert_close(out, rounded(*ROUNDED_ARGS), rtol=1e-5, atol=1e-5)  # sums in another order
+    loop = _reduction_over_rows(code)
+    assert loop.count("_mm512_dpbf16_ps") == 1 and "tmp_acc0_vec + " not in loop
+    # an f32 input (not rounded to bf16) stays a widened multiply-and-add: bf16 products would round it
+    x, w, n = ROUNDED_ARGS
+    _, [widened] = run_and_get_code(torch.compile(scaled_product, options=decode_compile_options()), x, w.float(), n)
+    assert "dpbf16" not in widened
+    # nor does a compile without the options change
+    _, [plain] = run_and_get_code(torch.compile(rounded), *ROUNDED_ARGS)
+    assert "dpbf16" not in plain
 
 
 @pytest.mark.parametrize("form, code", [("q8_0", "Vectorized<int8_t>::loadu"), ("q4_1", "Vectorized<uint8_t>::loadu")])

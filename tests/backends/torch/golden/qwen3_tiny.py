@@ -95,7 +95,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     one_row_decode = compiled_decode(x) and x.shape[0] == 1
     if w.dtype != x.dtype and NATIVE_16BIT[w.dtype]:  # 16-bit inputs and results, f32 sums
         x16 = x.to(w.dtype)
-        y = (decode_product(x16.to(x.dtype), w).to(w.dtype) if one_row_decode else x16 @ w.T).to(x.dtype)
+        y = (decode_product(x16, w, x.dtype).to(w.dtype) if one_row_decode else x16 @ w.T).to(x.dtype)
     else:
         y = decode_product(x, w) if one_row_decode else matmul_t(x, w)
     return y if b is None else y + b
@@ -112,19 +112,20 @@ def rms_linear(
     return linear((x.float() * scale).to(x.dtype), w, b)
 
 
-def decode_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [R, 1, in] times w [out, in] as a multiply-and-sum, for torch.compile.
+def decode_product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [R, 1, in] times w [out, in] as a multiply-and-sum in ``dtype`` (x's by default), for torch.compile.
 
     Decode reads every weight once per token. Inside the one compiled step, inductor's loop over
     [out, rows, in] streams the weights with no call, parallel region or barrier of its own; a BLAS
     matrix-vector product reached half the memory bandwidth on an AMD EPYC, and on an Intel Xeon the
     step with MKL's products was no faster. Sums longer than 4096 are split into equal parts, since
     inductor accumulates longer ones through a slower cascade. A 16-bit weight is widened inside the
-    loop, so the loop streams half the bytes.
+    loop, so the loop streams half the bytes; so is a 16-bit x (bf16 times bf16: a CPU's bf16 dot product,
+    see decode_compile).
     """
-    size = w.shape[1]
+    size, dtype = w.shape[1], dtype or x.dtype
     parts = next(p for p in range(-(-size // 4096), size + 1) if size % p == 0)
-    products = w.view(-1, 1, parts, size // parts).to(x.dtype) * x[:, 0].view(1, -1, parts, size // parts)
+    products = w.view(-1, 1, parts, size // parts).to(dtype) * x[:, 0].view(1, -1, parts, size // parts).to(dtype)
     return products.sum(-1).sum(-1).T[:, None]
 
 
