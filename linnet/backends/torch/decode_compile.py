@@ -24,16 +24,16 @@ doing nothing but that, each measured in one process against the step without it
   from a buffer larger than the L2 cache (a weight matrix, a layer's KV cache) is preceded by a software
   prefetch `PREFETCH_BYTES` further on. On an AVX2 EPYC the CPU's own prefetchers left a one-row loop
   over bf16 weights at 70-80% of what a plain sum of memory reads; 2-8 KB ahead it read as fast as the
-  sum. On an AVX-512 EPYC the same prefetches slowed that loop and the decode step by a sixth, so code
-  for 512-bit vectors has none (docs/NOTEBOOK.md, 2026-12-07). Not for the integer codes of a matrix in
+  sum. On an AVX-512 EPYC the same prefetches slowed that loop by a sixth and the decode step by a
+  ninth, so code for 512-bit vectors has none (docs/NOTEBOOK.md, 2026-12-07). Not for the integer codes of a matrix in
   blocks: those loops are bound by their arithmetic, and the prefetches slowed SmolLM2's Q4_1 decode by
   a fifth. A prefetch never faults, so one past a buffer's end is harmless. Wrapped the same way, in
   the same compiles.
 - bf16 dot products where the CPU has them (AVX512-BF16): a sum over the vector axis of a bf16 weight
   times a bf16 input, each widened to f32 in the loop, is one `vdpbf16ps` a 32 values instead of two
   widenings and two multiply-adds. The products of two bf16 values are exact in f32, so only the order
-  of the f32 sums changes. Widening cost a quarter of that loop's speed once memory was fast enough to
-  outrun it (docs/NOTEBOOK.md, 2026-12-07). So that the input is bf16 in the loop, a product's input
+  of the f32 sums changes. Widening cost that loop up to a quarter of its speed once memory was fast
+  enough to outrun it (docs/NOTEBOOK.md, 2026-12-07). So that the input is bf16 in the loop, a product's input
   rounded to 16 bits is realized in 16 bits (`product_inputs`).
 
 The pass's uuid is in inductor's cache key, so a change here must change it.
