@@ -159,6 +159,11 @@ def decode_compile_options() -> dict[str, Any]:
     }
 
 
+def _compiling_a_decode_step() -> bool:
+    """Whether inductor is compiling with these options (the wrapped code generators act only then)."""
+    return isinstance(inductor_config.post_grad_custom_post_pass, DecodeStepPass)
+
+
 def _install_guided_loops() -> None:
     from torch._inductor.codegen.cpp import LoopLevel
 
@@ -168,7 +173,7 @@ def _install_guided_loops() -> None:
 
     def lines(self: LoopLevel) -> list[str] | None:
         out = original(self)
-        guided = isinstance(inductor_config.post_grad_custom_post_pass, DecodeStepPass)
+        guided = _compiling_a_decode_step()
         if guided and out and not self.is_reduction and out[0].startswith("#pragma omp for"):
             out = ["#pragma omp for schedule(guided)" + out[0][len("#pragma omp for"):], *out[1:]]
         return out
@@ -191,7 +196,7 @@ def _install_prefetching_loads() -> None:
     original = CppVecKernel.load
 
     def load(self: CppVecKernel, name: str, index: Any) -> Any:
-        if isinstance(inductor_config.post_grad_custom_post_pass, DecodeStepPass) and self.vec_isa.bit_width() == 256:
+        if _compiling_a_decode_step() and self.vec_isa.bit_width() == 256:
             try:
                 dtype, numel = V.graph.get_dtype(name), V.graph.get_numel(name)
             except KeyError:  # a kernel's own local buffer (a per-thread scratch row), not the graph's
@@ -241,7 +246,7 @@ def _install_bf16_dot_products() -> None:
         if (pair is not None and reduction_type == "sum" and helper_val is None and not self.tail_size
                 and horizontal_reduction and self.tiling_factor == 32 and all(v.is_vec for v in pair)
                 and getattr(self.vec_isa, "is_avx512_bf16_supported", lambda: False)()
-                and isinstance(inductor_config.post_grad_custom_post_pass, DecodeStepPass)):
+                and _compiling_a_decode_step()):
             a, b = pair
             return (f"[&] {{ auto sums = {var}; sums[0] = at::vec::Vectorized<float>(_mm512_dpbf16_ps(sums[0], "
                     f"(__m512bh)(__m512i){a}, (__m512bh)(__m512i){b})); return sums; }}()")
