@@ -29,7 +29,10 @@ def serve_with_ray(args: argparse.Namespace) -> int:
     application = build(args)
     if args.ray_address is None:  # a Ray of our own: its proxy, which relays every token too, runs as ours do
         os.environ.update(WORKER_ENV)
-    ray.init(address=args.ray_address)  # None: a local Ray instance of this machine's CPUs
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # a server sends nobody its usage unasked
+    # A Ray of our own runs no dashboard: its processes held 0.9 of the 2.5 GiB a one-replica server took
+    # (docs/SCALE.md). A cluster's dashboard is its own.
+    ray.init(address=args.ray_address, include_dashboard=False if args.ray_address is None else None)
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         try:

@@ -3,6 +3,7 @@ is a clear error naming the extra; the builder's arguments are ``linnet serve``'
 own parser; scaling flags that cannot work are refused by name."""
 from __future__ import annotations
 
+import os
 import re
 import sys
 
@@ -69,3 +70,33 @@ def test_one_replica_not_autoscaled_takes_http_without_the_ingress(app_module):
     for options in ({"replicas": 2}, {"min_replicas": 1, "max_replicas": 1}):
         routed = app_module.build(app_module.serve_options({"model": "m", **options}))._bound_deployment
         assert routed.name == "LinnetIngress"
+
+
+class _Started(Exception):
+    pass
+
+
+@pytest.mark.parametrize("address, dashboard", [(None, False), ("10.0.0.1:6379", None)])
+def test_a_ray_of_our_own_starts_without_a_dashboard(app_module, monkeypatch, address, dashboard):
+    """A local Ray that ``linnet serve --replicas`` starts runs no dashboard (most of its memory) and sends no
+    usage statistics; a cluster joined with ``--ray-address`` is left as it is."""
+    import ray
+
+    from linnet.ray import launch
+
+    given: dict = {}
+
+    def init(**kwargs):
+        given.update(kwargs)
+        raise _Started
+
+    monkeypatch.setattr(ray, "init", init)
+    environment = {k: v for k, v in os.environ.items() if k != "RAY_USAGE_STATS_ENABLED"}
+    monkeypatch.setattr(os, "environ", environment)  # what the launch sets stays in the test
+    flags = ["serve", "smollm2-135m-instruct", "--replicas", "2"] + (["--ray-address", address] if address else [])
+    from linnet.cli import build_parser
+
+    with pytest.raises(_Started):
+        launch.serve_with_ray(build_parser().parse_args(flags))
+    assert given == {"address": address, "include_dashboard": dashboard}
+    assert (environment.get("RAY_USAGE_STATS_ENABLED") == "0") == (address is None)
