@@ -4,7 +4,10 @@ A batch-1 decode step streams every weight it multiplies by once, plus the KV ca
 so its speed is bounded by bytes per token / read bandwidth. The bench measures that bandwidth itself,
 in a process started as the workers are (same threads, same OpenMP settings), by summing a float32
 buffer far larger than any cache with torch; each decode row is then reported as the bytes a step
-must read x its tokens per second, and as a share of the measured bandwidth.
+must read x its tokens per second, and as a share of the measured bandwidth. The measuring process
+takes its turn after each round of timed generations (``TurnSampler``): on a shared machine whose
+bandwidth swings within seconds, samples taken only before and after the runs saw two moments of it,
+and a row's share of them said more about when they were taken than about the row.
 
 The bytes are what a step must read, counted alike for every subject: each matrix once (the embedding
 table only for its one row, unless the head is tied to it and reads it whole), and the KV cache's keys
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -41,16 +45,60 @@ PASSES = 5
 
 def measure(buffer_bytes: int = BUFFER_BYTES, passes: int = PASSES) -> list[float]:
     """GB/s of each timed pass of a float32 sum over ``buffer_bytes``, after one untimed pass."""
+    buffer = _resident(buffer_bytes)
+    return _passes(buffer, passes)
+
+
+def _resident(buffer_bytes: int) -> Any:
     import torch
 
     buffer = torch.ones(buffer_bytes // 4, dtype=torch.float32)  # written once: every page is resident
     buffer.sum()
+    return buffer
+
+
+def _passes(buffer: Any, passes: int) -> list[float]:
     samples = []
     for _ in range(passes):
         start = time.perf_counter()
         buffer.sum()
         samples.append(buffer.numel() * 4 / (time.perf_counter() - start) / 1e9)
     return samples
+
+
+class TurnSampler:
+    """The read bandwidth as one more subject of the bench's turns: a process of its own, started as the
+    workers are, holding its buffer resident and timing ``passes`` passes over it each time it is asked
+    (``sample``); between two turns it waits on its input, its threads asleep."""
+
+    def __init__(self, env: dict[str, str], buffer_bytes: int = BUFFER_BYTES, passes: int = PASSES):
+        self.process = subprocess.Popen(
+            [sys.executable, "-P", "-m", "linnet.bench.bandwidth", str(buffer_bytes), str(passes), "--turns"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+            start_new_session=True)  # a Ctrl-C reaches the bench alone, which closes this
+
+    def sample(self) -> list[float]:
+        assert self.process.stdin is not None and self.process.stdout is not None  # both piped
+        try:
+            self.process.stdin.write("\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # it has exited: the empty read below says so
+        line = self.process.stdout.readline()
+        if not line:  # its error went to stderr, as the workers' do
+            raise LinnetError(f"measuring the read bandwidth failed: its process exited with status "
+                              f"{self.process.wait()}")
+        return [float(x) for x in json.loads(line)]
+
+    def close(self) -> None:
+        """End the process: its input closed, it exits; killed if it has not within a few seconds."""
+        try:
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+            self.process.wait(timeout=10)
+        except (BrokenPipeError, subprocess.TimeoutExpired):
+            self.process.kill()
+            self.process.wait()
 
 
 def measure_apart(env: dict[str, str], log: Any = sys.stderr, buffer_bytes: int = BUFFER_BYTES,
@@ -200,5 +248,15 @@ def read_rate(row: Row, machine: Machine) -> str:
     return f"{rate:.2f} GB/s, {rate / machine.read_gb_s.value:.0%}"
 
 
+def _serve_turns(buffer_bytes: int, passes: int) -> None:
+    """``TurnSampler``'s process: a line of samples for each line read, until its input closes."""
+    buffer = _resident(buffer_bytes)
+    for _ in sys.stdin:
+        print(json.dumps(_passes(buffer, passes)), flush=True)
+
+
 if __name__ == "__main__":
-    print(json.dumps(measure(int(sys.argv[1]), int(sys.argv[2]))), flush=True)
+    if sys.argv[3:] == ["--turns"]:
+        _serve_turns(int(sys.argv[1]), int(sys.argv[2]))
+    else:
+        print(json.dumps(measure(int(sys.argv[1]), int(sys.argv[2]))), flush=True)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -71,10 +72,18 @@ def run_bench(settings: Settings, log: Any = sys.stderr) -> Results:
             if "not_run" in primed:
                 reports[subject] = primed
         ready = [s for s in order if s not in reports]
-        read_gb_s = bandwidth.measure_apart(importable_here(env), log)  # before the turns and after: it drifts
-        for turn in ([ready] if settings.interleave else [[s] for s in ready]):
-            reports.update(run_turns(job_path, turn, env, settings.protocol, log))
-        read_gb_s += bandwidth.measure_apart(importable_here(env), log)
+        print("linnet bench: measuring the read bandwidth before the turns and after each ...", file=log, flush=True)
+        sampler = bandwidth.TurnSampler(importable_here(env))  # it drifts: sampled as the runs go
+        try:
+            read_gb_s = sampler.sample()
+
+            def between() -> None:
+                read_gb_s.extend(sampler.sample())
+
+            for turn in ([ready] if settings.interleave else [[s] for s in ready]):
+                reports.update(run_turns(job_path, turn, env, settings.protocol, log, between=between))
+        finally:
+            sampler.close()
         distances = {s: distance_from_reference(job, s, reports) for s in order
                      if s != REFERENCE and "not_run" not in reports[s]}
         reads = bandwidth.reads_of_subjects(job, spec, reports)
@@ -193,21 +202,24 @@ def prime(job_path: Path, subject: str, env: dict[str, str], time_limit: float |
 
 
 def run_turns(job: Path, subjects: list[str], env: dict[str, str], protocol: Protocol, log: Any,
-              time_limit: float | None = None) -> dict[str, dict[str, Any]]:
+              time_limit: float | None = None, between: Callable[[], None] | None = None
+              ) -> dict[str, dict[str, Any]]:
     """Load every subject in its worker, then run the warm-ups and runs, the subjects taking turns; a worker
-    not done within ``time_limit`` seconds is stopped, and its report says so."""
+    not done within ``time_limit`` seconds is stopped, and its report says so. ``between`` is called after
+    each round of timed runs (the bench samples the read bandwidth there)."""
     workers: dict[str, Worker] = {}
     try:
         for s in subjects:
             workers[s] = Worker(job, s, env, time_limit=time_limit)
-        return _take_turns(workers, protocol, log)
+        return _take_turns(workers, protocol, log, between)
     except BaseException:  # Ctrl-C or a failure: no worker is left running
         for w in workers.values():
             w.kill()
         raise
 
 
-def _take_turns(workers: dict[str, Worker], protocol: Protocol, log: Any) -> dict[str, dict[str, Any]]:
+def _take_turns(workers: dict[str, Worker], protocol: Protocol, log: Any,
+                between: Callable[[], None] | None = None) -> dict[str, dict[str, Any]]:
     subjects = list(workers)
     reports = {s: {**w.receive(), "started": [], "ttft_s": [], "decode_tok_s": []} for s, w in workers.items()}
     live = [s for s in subjects if "not_run" not in reports[s]]
@@ -229,6 +241,8 @@ def _take_turns(workers: dict[str, Worker], protocol: Protocol, log: Any) -> dic
                 reports[s]["decode_tok_s"].append(sample.pop("decode_tok_s"))
             if i == 0:
                 reports[s].update(first_generation_s=sample["first_generation_s"], tokens=sample["tokens"])
+        if between is not None and i >= protocol.warmups:
+            between()
     for s in live:
         reports[s].update(workers[s].ask("done"))
         reports[s]["load_average"].append(round(os.getloadavg()[0], 2))

@@ -27,6 +27,19 @@ def test_bandwidth_is_measured_in_a_process_like_the_workers():
     assert all(math.isfinite(s) and 0.1 < s < 10_000 for s in samples)
 
 
+def test_the_bandwidth_takes_turns_in_a_process_that_keeps_its_buffer():
+    sampler = bandwidth.TurnSampler(importable_here(worker_environment(1, "passive")), buffer_bytes=64 * MIB,
+                                    passes=2)
+    try:
+        turns = [sampler.sample() for _ in range(3)]
+        process = sampler.process
+    finally:
+        sampler.close()
+    assert [len(t) for t in turns] == [2, 2, 2]
+    assert all(math.isfinite(s) and 0.1 < s < 10_000 for t in turns for s in t)
+    assert process.returncode == 0  # its input closed, it ended on its own
+
+
 def test_bandwidth_is_recorded_and_validated():
     row = Row("torch:eager", "PyTorch", "Linnet, generated PyTorch", linnet=True)
     results = Results("model", "2026-10-01T09:00:00+00:00", Machine(None, read_gb_s=Metric(20.0, [19.0, 20.0, 22.0])),

@@ -5,6 +5,7 @@ import argparse
 import io
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -95,15 +96,20 @@ def test_threads_and_load_average_are_recorded(run):
 
 
 def test_subjects_take_turns(checkpoint_dir, tmp_path: Path):
-    """Each subject's i-th generation runs between the other's i-th and (i+1)-th, all in live workers."""
+    """Each subject's i-th generation runs between the other's i-th and (i+1)-th, all in live workers; what
+    runs between the rounds (the bench's bandwidth samples) runs after each timed round, not the warm-ups."""
     job = Job(str(checkpoint_dir("qwen2-tied")), "f32", PROTOCOL, random_prompt(331, 16), str(tmp_path))
     job.save(tmp_path / "job.json")
     log = io.StringIO()
+    rounds: list[float] = []
     reports = run_turns(tmp_path / "job.json", ["transformers", "torch:eager"], worker_environment(1, "passive"),
-                        PROTOCOL, log)
+                        PROTOCOL, log, between=lambda: rounds.append(time.time()))
     first, second = reports["transformers"]["started"], reports["torch:eager"]["started"]
     assert len(first) == len(second) == PROTOCOL.warmups + PROTOCOL.runs
     assert all(a < b for a, b in zip(first, second)) and all(b < a for b, a in zip(second, first[1:]))
+    timed = second[PROTOCOL.warmups:]
+    assert len(rounds) == PROTOCOL.runs and all(b < r for b, r in zip(timed, rounds))
+    assert all(r < a for r, a in zip(rounds, first[PROTOCOL.warmups + 1:]))
     assert all(len(r["decode_tok_s"]) == PROTOCOL.runs and "peak_memory" in r for r in reports.values())
     assert "generation 1 of 3 (warm-up): transformers, torch:eager" in log.getvalue()
 
