@@ -259,8 +259,9 @@ def _longrope(keys: GGUFKeys, rope_dim: int, theta: float, attn: float, original
 
 
 # The tokenizer keys and their types, checked before linnet.gguf.tokenizer builds a tokenizer from them.
-TOKENIZER_LISTS = {"tokenizer.ggml.tokens": str, "tokenizer.ggml.token_type": int, "tokenizer.ggml.merges": str}
-TOKEN_IDS = [f"tokenizer.ggml.{k}_token_id" for k in ("bos", "eos", "eot", "eom")]
+TOKENIZER_LISTS = {"tokenizer.ggml.tokens": str, "tokenizer.ggml.token_type": int, "tokenizer.ggml.merges": str,
+                   "tokenizer.ggml.scores": float}
+TOKEN_IDS = [f"tokenizer.ggml.{k}_token_id" for k in ("bos", "eos", "eot", "eom", "unknown")]
 
 
 def _tokenizer(gguf: GGUFFile) -> Tokenizer:

@@ -1,4 +1,4 @@
-"""GGUF vocabularies <-> ``tokenizers`` byte-level BPE.
+"""GGUF vocabularies <-> ``tokenizers`` byte-level BPE (and, read only, SentencePiece: ``sentencepiece``).
 
 llama.cpp names each BPE pre-tokenizer (``tokenizer.ggml.pre``) and splits text with a fixed list of
 regexes per name (``llama-vocab.cpp``); PRE_TOKENIZERS holds the same regexes, applied in the same
@@ -16,6 +16,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 from tokenizers import Tokenizer as HFTokenizer
 
 from linnet.errors import UnsupportedModel
+from linnet.gguf.sentencepiece import sentencepiece_model
 from linnet.tokenizer import Tokenizer
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -42,27 +43,33 @@ def _pre_tokenizer(name: str) -> pre_tokenizers.PreTokenizer:
 
 
 def tokenizer_from_gguf(meta: dict[str, Any]) -> Tokenizer:
-    """The tokenizer a GGUF's ``tokenizer.*`` metadata describes (``gpt2`` byte-level BPE)."""
+    """The tokenizer a GGUF's ``tokenizer.*`` metadata describes: ``gpt2`` byte-level BPE, or ``llama``
+    SentencePiece (``linnet.gguf.sentencepiece``)."""
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise UnsupportedModel(f"GGUF tokenizer model {kind!r} is not supported (only 'gpt2', byte-level BPE)")
-    pre = meta.get("tokenizer.ggml.pre")
-    name = _ALIASES.get(pre, pre) if isinstance(pre, str) else pre
-    if name not in PRE_TOKENIZERS:
-        known = sorted([*PRE_TOKENIZERS, *_ALIASES])
-        raise UnsupportedModel(f"GGUF pre-tokenizer {pre!r} is not supported; supported: {', '.join(known)}")
+    if kind not in ("gpt2", "llama"):
+        raise UnsupportedModel(f"GGUF tokenizer model {kind!r} is not supported (only 'gpt2', byte-level BPE, "
+                               "and 'llama', SentencePiece)")
     tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
     if not tokens:
         raise UnsupportedModel("the GGUF names a tokenizer but lists no tokenizer.ggml.tokens")
     types = meta.get("tokenizer.ggml.token_type") or [TokenType.NORMAL] * len(tokens)
-    vocab = {token: i for i, token in enumerate(tokens)}  # a repeated string maps to its last id, as in llama.cpp
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-    try:
-        hf = HFTokenizer(models.BPE(vocab, merges, ignore_merges=PRE_TOKENIZERS[name][1]))
-    except Exception as e:  # tokenizers reports inconsistent merges as a plain Exception
-        raise UnsupportedModel(f"GGUF vocabulary is inconsistent: {e}") from None
-    hf.pre_tokenizer = _pre_tokenizer(name)
-    hf.decoder = decoders.ByteLevel()
+    name = None
+    if kind == "llama":
+        hf = sentencepiece_model(meta)
+    else:
+        pre = meta.get("tokenizer.ggml.pre")
+        name = _ALIASES.get(pre, pre) if isinstance(pre, str) else pre
+        if name not in PRE_TOKENIZERS:
+            known = sorted([*PRE_TOKENIZERS, *_ALIASES])
+            raise UnsupportedModel(f"GGUF pre-tokenizer {pre!r} is not supported; supported: {', '.join(known)}")
+        vocab = {token: i for i, token in enumerate(tokens)}  # a repeated string maps to its last id, as llama.cpp
+        merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+        try:
+            hf = HFTokenizer(models.BPE(vocab, merges, ignore_merges=PRE_TOKENIZERS[name][1]))
+        except Exception as e:  # tokenizers reports inconsistent merges as a plain Exception
+            raise UnsupportedModel(f"GGUF vocabulary is inconsistent: {e}") from None
+        hf.pre_tokenizer = _pre_tokenizer(name)
+        hf.decoder = decoders.ByteLevel()
     hf.add_special_tokens([AddedToken(t, special=True, normalized=False)
                            for t, ty in zip(tokens, types) if ty == TokenType.CONTROL])
     hf.add_tokens([AddedToken(t, special=False, normalized=False)
@@ -72,9 +79,9 @@ def tokenizer_from_gguf(meta: dict[str, Any]) -> Tokenizer:
         return meta.get(f"tokenizer.ggml.{key}_token_id")
 
     bos, eos = token("bos"), token("eos")
-    # llama.cpp prepends BOS for llama-bpe unless the file says otherwise; here tokenizer.json does it,
-    # so an HF export of this tokenizer behaves the same.
-    if meta.get("tokenizer.ggml.add_bos_token", name == "llama-bpe") and bos is not None:
+    # llama.cpp prepends BOS for llama-bpe and SentencePiece unless the file says otherwise; here
+    # tokenizer.json does it, so an HF export of this tokenizer behaves the same.
+    if meta.get("tokenizer.ggml.add_bos_token", kind == "llama" or name == "llama-bpe") and bos is not None:
         hf.post_processor = processors.TemplateProcessing(
             single=f"{tokens[bos]} $A", special_tokens=[(tokens[bos], bos)])
     return Tokenizer(
@@ -100,6 +107,9 @@ def gguf_vocab(tokenizer: Tokenizer, vocab_size: int) -> GGUFVocab:
     model = json.loads(tokenizer.hf.to_str())["model"]
     if model.get("type") != "BPE":
         raise UnsupportedModel(f"only BPE tokenizers can be written to GGUF, not {model.get('type')!r}")
+    if model.get("byte_fallback"):
+        raise UnsupportedModel("a SentencePiece tokenizer (BPE with byte fallback) cannot be written to GGUF yet: "
+                               "Linnet writes byte-level BPE vocabularies only")
     ids = tokenizer.hf.get_vocab(with_added_tokens=True)
     if max(ids.values()) >= vocab_size:
         raise UnsupportedModel(f"the tokenizer has ids up to {max(ids.values())}, past the model's {vocab_size} rows")
