@@ -198,12 +198,7 @@ def _write(path: Path, model: LoadedModel, name: str, file_type: LlamaFileType, 
         for key, value in metadata.items():
             if key != "general.architecture":  # the writer's own
                 writer.add_key_value(key, value, VALUE_TYPES[type(value)])
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre(vocab.pre)
-        writer.add_token_list(vocab.tokens)
-        writer.add_token_types(vocab.types)
-        writer.add_token_merges(vocab.merges)
-        writer.add_add_bos_token(vocab.add_bos)
+        vocab.write(writer)
         if tokenizer.chat_template:
             writer.add_chat_template(tokenizer.chat_template)
 

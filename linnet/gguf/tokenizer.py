@@ -1,4 +1,4 @@
-"""GGUF vocabularies <-> ``tokenizers`` byte-level BPE (and, read only, SentencePiece: ``sentencepiece``).
+"""GGUF vocabularies <-> ``tokenizers`` byte-level BPE (and SentencePiece: ``sentencepiece``).
 
 llama.cpp names each BPE pre-tokenizer (``tokenizer.ggml.pre``) and splits text with a fixed list of
 regexes per name (``llama-vocab.cpp``); PRE_TOKENIZERS holds the same regexes, applied in the same
@@ -11,12 +11,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gguf import TokenType
+from gguf import GGUFWriter, TokenType
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
 from linnet.errors import UnsupportedModel
-from linnet.gguf.sentencepiece import sentencepiece_model
+from linnet.gguf.sentencepiece import sentencepiece_model, sentencepiece_vocab
 from linnet.tokenizer import Tokenizer
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -100,16 +100,33 @@ class GGUFVocab:
     merges: list[str]
     pre: str
     add_bos: bool
+    model: str = "gpt2"  # tokenizer.ggml.model: "gpt2" byte-level BPE, or "llama" SentencePiece with these:
+    scores: list[float] | None = None
+    space_prefix: bool = False
+    unknown: int | None = None
+
+    def write(self, writer: GGUFWriter) -> None:
+        """The ``tokenizer.ggml.*`` keys of this vocabulary (the token ids of its ends are the model's)."""
+        writer.add_tokenizer_model(self.model)
+        writer.add_token_list(self.tokens)
+        writer.add_token_types(self.types)
+        if self.scores is None:
+            writer.add_tokenizer_pre(self.pre)
+            writer.add_token_merges(self.merges)
+        else:
+            writer.add_token_scores(self.scores)
+            writer.add_add_space_prefix(self.space_prefix)
+            if self.unknown is not None:
+                writer.add_unk_token_id(self.unknown)
+        writer.add_add_bos_token(self.add_bos)
 
 
 def gguf_vocab(tokenizer: Tokenizer, vocab_size: int) -> GGUFVocab:
-    """A byte-level BPE tokenizer as GGUF lists it: one token per model row (padding rows unused)."""
+    """A BPE tokenizer as GGUF lists it, one token per model row (padding rows unused): byte-level BPE as
+    ``gpt2``, a BPE with byte fallback over "▁"-escaped text (a SentencePiece model's) as ``llama``."""
     model = json.loads(tokenizer.hf.to_str())["model"]
     if model.get("type") != "BPE":
         raise UnsupportedModel(f"only BPE tokenizers can be written to GGUF, not {model.get('type')!r}")
-    if model.get("byte_fallback"):
-        raise UnsupportedModel("a SentencePiece tokenizer (BPE with byte fallback) cannot be written to GGUF yet: "
-                               "Linnet writes byte-level BPE vocabularies only")
     ids = tokenizer.hf.get_vocab(with_added_tokens=True)
     if max(ids.values()) >= vocab_size:
         raise UnsupportedModel(f"the tokenizer has ids up to {max(ids.values())}, past the model's {vocab_size} rows")
@@ -122,6 +139,11 @@ def gguf_vocab(tokenizer: Tokenizer, vocab_size: int) -> GGUFVocab:
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     bos = None if tokenizer.bos_token is None else tokenizer.hf.token_to_id(tokenizer.bos_token)
     add_bos = bos is not None and tokenizer.encode("a")[:1] == [bos]
+    if model.get("byte_fallback"):
+        spelt = sentencepiece_vocab(tokenizer.hf, tokens, types, merges)
+        unknown = model.get("unk_token")
+        return GGUFVocab(tokens, types, [], "", add_bos, "llama", spelt.scores, spelt.space_prefix,
+                         None if unknown is None else ids.get(unknown))
     return GGUFVocab(tokens, types, merges, _pre_name(tokenizer.hf, bool(model.get("ignore_merges"))), add_bos)
 
 

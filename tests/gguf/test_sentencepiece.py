@@ -96,7 +96,43 @@ def test_a_vocabulary_without_a_score_each_is_refused(vocabulary, tmp_path):
         tokenizer_from_gguf(GGUFFile(path).metadata)
 
 
-def test_a_sentencepiece_tokenizer_is_not_written_to_gguf(vocabulary, tmp_path):
+def write_back(path: Path, tokenizer, rows: int) -> Path:
+    """``tokenizer`` written as an export writes it, in a vocabulary-only GGUF."""
+    writer = GGUFWriter(str(path), "llama")
+    for add, value in (("context_length", 64), ("embedding_length", 8), ("block_count", 1),
+                       ("feed_forward_length", 16), ("head_count", 2)):
+        getattr(writer, f"add_{add}")(value)
+    writer.add_layer_norm_rms_eps(1e-6)
+    gguf_vocab(tokenizer, rows).write(writer)
+    writer.add_bos_token_id(tokenizer.hf.token_to_id(tokenizer.bos_token))
+    writer.add_eos_token_id(tokenizer.eos_ids[0])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("space_prefix", [True, False], ids=["space-prefix", "no-space-prefix"])
+def test_a_sentencepiece_vocabulary_is_written_back_as_llama_cpp_reads_it(vocabulary, tmp_path, space_prefix):
+    """Read, then written as ``linnet export gguf`` writes it (scores from the merges' ranks, byte tokens
+    typed as bytes, the unknown token and the leading space kept): llama.cpp tokenizes as with the original."""
+    original = write_vocabulary(tmp_path / "original.gguf", vocabulary, space_prefix)
+    tokenizer = tokenizer_from_gguf(GGUFFile(original).metadata)
+    again = write_back(tmp_path / "again.gguf", tokenizer, 400)
+    meta = GGUFFile(again).metadata
+    assert meta["tokenizer.ggml.model"] == "llama" and meta["tokenizer.ggml.add_space_prefix"] == space_prefix
+    assert meta["tokenizer.ggml.token_type"][vocabulary[0].index("<0x0A>")] == 6  # TokenType.BYTE
+    assert meta["tokenizer.ggml.unknown_token_id"] == vocabulary[0].index("<unk>")
+    theirs, ours = (llama_cpp.Llama(str(p), vocab_only=True, verbose=False) for p in (original, again))
+    for text in TEXTS:
+        ids = theirs.tokenize(text.encode(), add_bos=True, special=True)
+        assert ours.tokenize(text.encode(), add_bos=True, special=True) == ids, text
+        assert ours.detokenize(ids) == theirs.detokenize(ids), text
+
+
+def test_a_byte_fallback_bpe_that_keeps_spaces_is_not_written_as_sentencepiece(vocabulary, tmp_path):
     tokenizer = tokenizer_from_gguf(GGUFFile(write_vocabulary(tmp_path / "vocab.gguf", vocabulary, True)).metadata)
-    with pytest.raises(UnsupportedModel, match="a SentencePiece tokenizer .* cannot be written to GGUF yet"):
+    tokenizer.hf.normalizer = None  # spaces stay spaces: no SentencePiece model splits text so
+    with pytest.raises(UnsupportedModel, match="does not spell a space as '▁'"):
         gguf_vocab(tokenizer, 400)
