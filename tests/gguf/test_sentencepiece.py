@@ -15,7 +15,7 @@ from gguf import GGUFWriter
 
 from linnet.errors import UnsupportedModel
 from linnet.gguf.format import GGUFFile
-from linnet.gguf.tokenizer import gguf_vocab, tokenizer_from_gguf
+from linnet.gguf.tokenizer import GGUFVocab, gguf_vocab, tokenizer_from_gguf
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
 sentencepiece = pytest.importorskip("sentencepiece", reason="sentencepiece is not installed")
@@ -53,27 +53,29 @@ def vocabulary():
     return _vocabulary()
 
 
-def write_vocabulary(path: Path, vocabulary, space_prefix: bool, scores: list[float] | None = None) -> Path:
-    tokens, their_scores, types = vocabulary
+def vocabulary_file(path: Path, vocab: GGUFVocab, bos: int, eos: int) -> Path:
+    """A vocabulary-only GGUF holding ``vocab`` as an export writes it (and a header llama.cpp reads)."""
     writer = GGUFWriter(str(path), "llama")
     for add, value in (("context_length", 64), ("embedding_length", 8), ("block_count", 1),
                        ("feed_forward_length", 16), ("head_count", 2)):
         getattr(writer, f"add_{add}")(value)
     writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(their_scores if scores is None else scores)
-    writer.add_token_types(types)
-    writer.add_unk_token_id(tokens.index("<unk>"))
-    writer.add_bos_token_id(tokens.index("<s>"))
-    writer.add_eos_token_id(tokens.index("</s>"))
-    writer.add_add_bos_token(True)
-    writer.add_add_space_prefix(space_prefix)
+    vocab.write(writer)
+    writer.add_bos_token_id(bos)
+    writer.add_eos_token_id(eos)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_vocabulary(path: Path, vocabulary, space_prefix: bool, scores: list[float] | None = None) -> Path:
+    """The trained vocabulary as llama.cpp's converter writes a SentencePiece model."""
+    tokens, their_scores, types = vocabulary
+    vocab = GGUFVocab(tokens, types, [], "", True, "llama", their_scores if scores is None else scores,
+                      space_prefix, tokens.index("<unk>"))
+    return vocabulary_file(path, vocab, tokens.index("<s>"), tokens.index("</s>"))
 
 
 @pytest.mark.parametrize("space_prefix", [True, False], ids=["space-prefix", "no-space-prefix"])
@@ -98,19 +100,8 @@ def test_a_vocabulary_without_a_score_each_is_refused(vocabulary, tmp_path):
 
 def write_back(path: Path, tokenizer, rows: int) -> Path:
     """``tokenizer`` written as an export writes it, in a vocabulary-only GGUF."""
-    writer = GGUFWriter(str(path), "llama")
-    for add, value in (("context_length", 64), ("embedding_length", 8), ("block_count", 1),
-                       ("feed_forward_length", 16), ("head_count", 2)):
-        getattr(writer, f"add_{add}")(value)
-    writer.add_layer_norm_rms_eps(1e-6)
-    gguf_vocab(tokenizer, rows).write(writer)
-    writer.add_bos_token_id(tokenizer.hf.token_to_id(tokenizer.bos_token))
-    writer.add_eos_token_id(tokenizer.eos_ids[0])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return vocabulary_file(path, gguf_vocab(tokenizer, rows), tokenizer.hf.token_to_id(tokenizer.bos_token),
+                           tokenizer.eos_ids[0])
 
 
 @pytest.mark.parametrize("space_prefix", [True, False], ids=["space-prefix", "no-space-prefix"])
