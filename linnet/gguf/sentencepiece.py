@@ -3,9 +3,9 @@
 
 llama.cpp's SentencePiece tokenizer escapes spaces as "▁" (after one leading space, at the start and after
 each special token, where ``tokenizer.ggml.add_space_prefix``, true unless the file says otherwise), splits
-the text between special tokens into characters
-and merges, again and again, the adjacent pair whose joined text is a token of the highest score; a
-character that is no token is spelt as its UTF-8 bytes' tokens (``<0x0A>``). A BPE model does the same
+the text between special tokens into characters and merges, again and again, the adjacent pair whose
+joined text is a token of the highest score; a character that is no token is spelt as its UTF-8 bytes'
+tokens (``<0x0A>``). A BPE model does the same
 when it holds a merge for every way to split each token into two tokens, ranked by the joined token's
 score, and falls back to bytes. Only normal tokens are merged into: control, user-defined, byte and
 unknown tokens come from the text whole (the first two as added tokens) or from the fallback.

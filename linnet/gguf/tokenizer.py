@@ -140,10 +140,11 @@ def gguf_vocab(tokenizer: Tokenizer, vocab_size: int) -> GGUFVocab:
     bos = None if tokenizer.bos_token is None else tokenizer.hf.token_to_id(tokenizer.bos_token)
     add_bos = bos is not None and tokenizer.encode("a")[:1] == [bos]
     if model.get("byte_fallback"):
+        unknown = ids.get(model["unk_token"]) if model.get("unk_token") is not None else None
+        if unknown is not None:
+            types[unknown] = int(TokenType.UNKNOWN)
         spelt = sentencepiece_vocab(tokenizer.hf, tokens, types, merges)
-        unknown = model.get("unk_token")
-        return GGUFVocab(tokens, types, [], "", add_bos, "llama", spelt.scores, spelt.space_prefix,
-                         None if unknown is None else ids.get(unknown))
+        return GGUFVocab(tokens, types, [], "", add_bos, "llama", spelt.scores, spelt.space_prefix, unknown)
     return GGUFVocab(tokens, types, merges, _pre_name(tokenizer.hf, bool(model.get("ignore_merges"))), add_bos)
 
 

@@ -114,7 +114,8 @@ def test_a_sentencepiece_vocabulary_is_written_back_as_llama_cpp_reads_it(vocabu
     meta = GGUFFile(again).metadata
     assert meta["tokenizer.ggml.model"] == "llama" and meta["tokenizer.ggml.add_space_prefix"] == space_prefix
     assert meta["tokenizer.ggml.token_type"][vocabulary[0].index("<0x0A>")] == 6  # TokenType.BYTE
-    assert meta["tokenizer.ggml.unknown_token_id"] == vocabulary[0].index("<unk>")
+    unknown = vocabulary[0].index("<unk>")
+    assert meta["tokenizer.ggml.unknown_token_id"] == unknown and meta["tokenizer.ggml.token_type"][unknown] == 2
     theirs, ours = (llama_cpp.Llama(str(p), vocab_only=True, verbose=False) for p in (original, again))
     for text in TEXTS:
         ids = theirs.tokenize(text.encode(), add_bos=True, special=True)
