@@ -14,12 +14,14 @@ whole cache).
 The key holds everything the compiled code depends on: the generated source (model shapes, dtype, weight
 forms), every weight's shape, dtype and strides, the step's input shapes (rows, the bucketed cache
 length), the thread count (inductor lays out its parallel loops for it), torch's version, the CPU's
-instruction-set flags, and the source of this module and of ``decode_compile``. A package that does not
-load is rebuilt, with a note on stderr.
+instruction-set flags and the vector width inductor was asked for (``ATEN_CPU_CAPABILITY``, its
+``cpp.simdlen``: AVX2 code on an AVX-512 CPU is another package), and the source of this module and of
+``decode_compile``. A package that does not load is rebuilt, with a note on stderr.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import shutil
 import time
@@ -62,8 +64,8 @@ def state(model: torch.nn.Module) -> tuple:
 
 def step_key(source: str, model: torch.nn.Module, example: tuple, dynamic: bool) -> str:
     """The digest naming a step's package (see the module's docstring for what it holds)."""
-    parts = [source, torch.__version__, platform.machine(), _cpu_flags(), str(torch.get_num_threads()),
-             _code_identity(), f"dynamic={dynamic}"]
+    parts = [source, torch.__version__, platform.machine(), _cpu_flags(), _vector_width(),
+             str(torch.get_num_threads()), _code_identity(), f"dynamic={dynamic}"]
     tensors = [*model.named_buffers(remove_duplicate=False),
                *((f"input{i}", t) for i, t in enumerate(torch.utils._pytree.tree_leaves((example, state(model))))
                  if isinstance(t, torch.Tensor))]
@@ -75,6 +77,13 @@ def _code_identity() -> str:
     """A digest of this module's source and decode_compile's (read, not imported: it imports inductor)."""
     here = Path(__file__)
     return hashlib.sha256(here.read_bytes() + here.with_name("decode_compile.py").read_bytes()).hexdigest()[:16]
+
+
+def _vector_width() -> str:
+    """The vector code inductor is asked for, where not the CPU's widest."""
+    from torch._inductor import config  # read here: importing inductor takes a second
+
+    return f"{os.environ.get('ATEN_CPU_CAPABILITY', '')}|{config.cpp.simdlen}"
 
 
 def _cpu_flags() -> str:

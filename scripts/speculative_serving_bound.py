@@ -1,0 +1,205 @@
+"""How far speculation could take `linnet serve` at several requests in flight, on this machine.
+
+Measures, on the default model with onnx:cpu (the server's backend for it): a decode step of 1, 2 and 4
+rows, checks of 4 rows of 2-9 positions and of one row of 2-9, and each copying prompt's read; then the
+greedy answers of the copying prompts (128 tokens, the end token ignored, as `linnet bench-serve
+--profile cpu-copying` asks) and, after every token, how many of prompt lookup's 8 drafts the answer
+keeps. With those it replays 16 requests at 1, 2 and 4 in flight under four rules:
+
+- plain: every busy row decodes a token a step;
+- engine: Linnet's rule (`linnet.serve.speculation`): rows speculate while at most 2 are busy, drafts
+  shared out, the shorter chunks padded to the longest;
+- ragged: a check that costs only its rows' own positions (not built: the graph pads), drafts given to
+  the rows whose recent drafts were kept most, while their expected tokens per millisecond beat a
+  decode step's;
+- oracle: a ragged check holding exactly the drafts that will be kept (no drafter can do better).
+
+A step's cost is fitted as a constant plus a cost per row (a decode step) or per position over all its
+rows (a check); `--scale` multiplies those (0.5: products twice as fast) to show what a figure needs.
+Run: .venv/bin/python scripts/speculative_serving_bound.py [--threads 2] [--scale 1 0.7 0.5]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from linnet.backends import CacheShape, Runner, create_runner
+from linnet.backends.onnx import setup
+from linnet.bench.workloads import chat_ids, workload_prompts
+from linnet.model import open_model
+from linnet.sampling import Sampling
+from linnet.speculative.ngram import PromptLookup
+
+NEW_TOKENS, MOST, REQUESTS = 128, 8, 16
+
+
+@dataclass
+class Trace:
+    read_ms: float  # the prompt's read
+    offered: list[int]  # after each token, how many drafts prompt lookup proposes (at most MOST)
+    kept: list[int]  # ... and how many of them the answer keeps
+
+
+@dataclass
+class Costs:
+    decode: tuple[float, float]  # ms = a + b * rows
+    check: tuple[float, float]  # ms = a + b * positions, over all rows
+
+    def step(self, rows: int, positions: int, scale: float) -> float:
+        if positions == rows:
+            return self.decode[0] + scale * self.decode[1] * rows
+        return self.check[0] + scale * self.check[1] * positions
+
+
+def median_ms(run: Callable[..., None], *args: int, times: int = 9) -> float:
+    run(*args)
+    spans = []
+    for _ in range(times):
+        start = time.perf_counter()
+        run(*args)
+        spans.append(time.perf_counter() - start)
+    return 1000 * float(np.median(spans))
+
+
+def line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """The least-squares a, b of ms = a + b * x."""
+    slope, intercept = np.polyfit([x for x, _ in points], [ms for _, ms in points], 1)
+    return float(intercept), float(slope)
+
+
+def measure_costs(runner: Runner) -> Costs:
+    rng = np.random.default_rng(0)
+    for row in range(4):
+        runner.prefill(row, rng.integers(100, 40000, 120).tolist())
+
+    def again() -> None:
+        for row in range(4):
+            runner.reset(row, 120)
+
+    def decode(rows: int) -> None:
+        runner.decode([5] * 4, [row < rows for row in range(4)])
+        again()
+
+    def check(rows: int, width: int) -> None:
+        runner.verify({row: [5] * width for row in range(rows)})
+        again()
+
+    decodes = [(rows, median_ms(decode, rows)) for rows in (1, 2, 4)]
+    checks = [(rows * width, median_ms(check, rows, width)) for rows in (1, 4) for width in (2, 3, 5, 9)]
+    costs = Costs(line(decodes), line(checks))
+    print("decode steps (rows, ms):", [(r, round(ms, 1)) for r, ms in decodes])
+    print("checks (positions, ms):", [(p, round(ms, 1)) for p, ms in checks])
+    print(f"fitted: decode {costs.decode[0]:.1f} + {costs.decode[1]:.2f} ms a row, "
+          f"check {costs.check[0]:.1f} + {costs.check[1]:.2f} ms a position")
+    return costs
+
+
+def record_traces(runner: Runner, model_tokenizer: object) -> list[Trace]:
+    lookup, traces = PromptLookup(), []
+    for kind, prompt in workload_prompts("copying"):
+        ids = chat_ids(model_tokenizer, prompt)  # type: ignore[arg-type]
+        runner.reset(0)
+        start = time.perf_counter()
+        answer = [int(np.argmax(runner.prefill(0, ids)))]
+        read_ms = 1000 * (time.perf_counter() - start)
+        while len(answer) < NEW_TOKENS:
+            answer.append(int(np.argmax(runner.decode([answer[-1]])[0])))
+        offered, kept = [], []
+        for t in range(len(answer)):
+            drafts = lookup.propose(ids + answer[:t + 1], MOST, Sampling(), np.random.default_rng(0)).tokens
+            same = 0
+            while same < len(drafts) and t + 1 + same < len(answer) and drafts[same] == answer[t + 1 + same]:
+                same += 1
+            offered.append(len(drafts))
+            kept.append(same)
+        traces.append(Trace(read_ms, offered, kept))
+        print(f"{kind}: {len(ids)} prompt tokens, read in {read_ms:.0f} ms; {sum(kept)} of {sum(offered)} "
+              "drafts offered would be kept")
+    return traces
+
+
+@dataclass
+class Row:
+    trace: Trace
+    at: int = 0  # tokens given so far, less one
+    k: int = MOST  # the speculator's k: doubles on a whole kept draft, else falls past the kept ones
+    rate: float = 0.6  # its recent share of drafts kept
+
+    def offered(self) -> int:
+        return min(self.trace.offered[self.at], NEW_TOKENS - 1 - self.at)
+
+
+def replay(traces: list[Trace], costs: Costs, rule: str, in_flight: int, scale: float = 1.0) -> float:
+    """Tokens a second over REQUESTS requests of the traces in turn, at most ``in_flight`` at a time."""
+    waiting = [traces[i % len(traces)] for i in range(REQUESTS)]
+    busy: list[Row] = []
+    clock = tokens = 0.0
+    while waiting or busy:
+        while waiting and len(busy) < in_flight:
+            busy.append(Row(waiting.pop(0)))
+            clock += busy[-1].trace.read_ms
+            tokens += 1
+        drafts = allot(busy, costs, rule, scale)
+        rows = len(busy)
+        if rule == "engine" and any(drafts):
+            positions = rows * (1 + max(drafts))  # padded to the longest chunk
+        else:
+            positions = rows + sum(drafts)
+        clock += costs.step(rows, positions, scale)
+        for row, d in zip(list(busy), drafts):
+            kept = min(d, row.trace.kept[row.at])
+            if d:
+                row.rate = 0.7 * row.rate + 0.3 * kept / d
+                row.k = min(MOST, 2 * row.k) if kept == d else kept + 1
+            row.at += 1 + kept
+            tokens += 1 + kept
+            if row.at >= NEW_TOKENS - 1:
+                busy.remove(row)
+    return 1000 * tokens / clock
+
+
+def allot(busy: list[Row], costs: Costs, rule: str, scale: float) -> list[int]:
+    """Each busy row's drafts this step, under ``rule``."""
+    rows = len(busy)
+    if rule == "plain" or (rule == "engine" and rows > 2):
+        return [0] * rows
+    if rule == "engine":
+        each = max(1, (MOST + 1) // rows - 1)
+        return [min(row.k, each, row.offered()) for row in busy]
+    gains = sorted(((1.0 if i <= row.trace.kept[row.at] else 0.0) if rule == "oracle" else row.rate ** i, n)
+                   for n, row in enumerate(busy) for i in range(1, min(row.offered(), MOST) + 1))[::-1]
+    best, best_rate, expected = 0, rows / costs.step(rows, rows, scale), float(rows)
+    for taken, (gain, _) in enumerate(gains, 1):
+        expected += gain
+        if expected / costs.step(rows, rows + taken, scale) > best_rate:
+            best, best_rate = taken, expected / costs.step(rows, rows + taken, scale)
+    drafts = [0] * rows
+    for _, n in gains[:best]:
+        drafts[n] += 1
+    return drafts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--scale", type=float, nargs="+", default=[1.0, 0.7, 0.5])
+    args = parser.parse_args()
+    setup.set_threads(args.threads)
+    model = open_model("smollm2-135m-instruct")
+    costs = measure_costs(create_runner("onnx:cpu", model.weights, CacheShape(4, 512)))
+    traces = record_traces(create_runner("onnx:cpu", model.weights, CacheShape(1, 512)), model.tokenizer)
+    for scale in args.scale:
+        for in_flight in (1, 2, 4):
+            plain = replay(traces, costs, "plain", in_flight, scale)
+            ratios = {rule: replay(traces, costs, rule, in_flight, scale) / plain
+                      for rule in ("engine", "ragged", "oracle")}
+            print(f"per-position cost x{scale}, {in_flight} in flight: plain {plain:.1f} tok/s; "
+                  + ", ".join(f"{rule} {ratio:.2f}x" for rule, ratio in ratios.items()))
+
+
+if __name__ == "__main__":
+    main()
