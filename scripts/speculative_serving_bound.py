@@ -4,11 +4,13 @@ Measures, on the default model with onnx:cpu (the server's backend for it): a de
 rows, checks of 4 rows of 2-9 positions and of one row of 2-9, and each copying prompt's read; then the
 greedy answers of the copying prompts (128 tokens, the end token ignored, as `linnet bench-serve
 --profile cpu-copying` asks) and, after every token, how many of prompt lookup's 8 drafts the answer
-keeps. With those it replays 16 requests at 1, 2 and 4 in flight under four rules:
+keeps. With those it replays 16 requests at 1, 2 and 4 in flight under five rules:
 
 - plain: every busy row decodes a token a step;
 - engine: Linnet's rule (`linnet.serve.speculation`): rows speculate while at most 2 are busy, drafts
   shared out, the shorter chunks padded to the longest;
+- padded: one draft width for every row (the graph pads a check's rows to one width), chosen by the
+  rows' recent shares of drafts kept, where it beats a decode step's tokens a millisecond (not built);
 - ragged: a check that costs only its rows' own positions (not built: the graph pads), drafts given to
   the rows whose recent drafts were kept most, while their expected tokens per millisecond beat a
   decode step's;
@@ -145,7 +147,7 @@ def replay(traces: list[Trace], costs: Costs, rule: str, in_flight: int, scale: 
             tokens += 1
         drafts = allot(busy, costs, rule, scale)
         rows = len(busy)
-        if rule == "engine" and any(drafts):
+        if rule in ("engine", "padded") and any(drafts):
             positions = rows * (1 + max(drafts))  # padded to the longest chunk
         else:
             positions = rows + sum(drafts)
@@ -170,6 +172,13 @@ def allot(busy: list[Row], costs: Costs, rule: str, scale: float) -> list[int]:
     if rule == "engine":
         each = max(1, (MOST + 1) // rows - 1)
         return [min(row.k, each, row.offered()) for row in busy]
+    if rule == "padded":  # one width for every row (the graph pads), chosen by expected gain
+        best, best_rate = 0, rows / costs.step(rows, rows, scale)
+        for width in range(1, MOST + 1):
+            expected = rows + sum(row.rate ** i for row in busy for i in range(1, min(width, row.offered()) + 1))
+            if expected / costs.step(rows, rows * (1 + width), scale) > best_rate:
+                best, best_rate = width, expected / costs.step(rows, rows * (1 + width), scale)
+        return [min(best, row.offered()) for row in busy]
     gains = sorted(((1.0 if i <= row.trace.kept[row.at] else 0.0) if rule == "oracle" else row.rate ** i, n)
                    for n, row in enumerate(busy) for i in range(1, min(row.offered(), MOST) + 1))[::-1]
     best, best_rate, expected = 0, rows / costs.step(rows, rows, scale), float(rows)
@@ -196,7 +205,7 @@ def main() -> None:
         for in_flight in (1, 2, 4):
             plain = replay(traces, costs, "plain", in_flight, scale)
             ratios = {rule: replay(traces, costs, rule, in_flight, scale) / plain
-                      for rule in ("engine", "ragged", "oracle")}
+                      for rule in ("engine", "padded", "ragged", "oracle")}
             print(f"per-position cost x{scale}, {in_flight} in flight: plain {plain:.1f} tok/s; "
                   + ", ".join(f"{rule} {ratio:.2f}x" for rule, ratio in ratios.items()))
 
