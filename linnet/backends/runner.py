@@ -364,14 +364,7 @@ class Runner(ABC):
         (``Speculator.settle``)."""
         if not chunks:
             return {}
-        for row, chunk in chunks.items():
-            self._check_row(row)
-            if not 1 <= len(chunk) <= self.prefill_chunk:
-                raise LinnetError(f"a chunk to verify holds 1 to {self.prefill_chunk} tokens (the prefill chunk), "
-                                  f"got {len(chunk)} for row {row}")
-            self._check_fits(self.lengths[row] + len(chunk))
-            self._check_tokens(chunk)
-        self._check_chunk()
+        self._check_verify(chunks)
         width = max(len(chunk) for chunk in chunks.values())
         together = [row for row in sorted(chunks) if self.lengths[row] + width <= self.cache.positions]
         out: dict[int, np.ndarray] = {}
@@ -386,6 +379,16 @@ class Runner(ABC):
             if row not in out:
                 out[row] = self._prefill_row(row, list(chunk), self.lengths[row], all_logits=True)
         return out
+
+    def _check_verify(self, chunks: Mapping[int, Sequence[int]]) -> None:
+        for row, chunk in chunks.items():
+            self._check_row(row)
+            if not 1 <= len(chunk) <= self.prefill_chunk:
+                raise LinnetError(f"a chunk to verify holds 1 to {self.prefill_chunk} tokens (the prefill chunk), "
+                                  f"got {len(chunk)} for row {row}")
+            self._check_fits(self.lengths[row] + len(chunk))
+            self._check_tokens(chunk)
+        self._check_chunk()
 
     def decode(self, tokens: Sequence[int], active: Sequence[bool] | None = None) -> np.ndarray:
         """One token for every row (inactive rows' tokens are ignored); logits ``[rows, vocab]``."""

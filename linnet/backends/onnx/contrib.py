@@ -67,6 +67,7 @@ class OrtEmitter(Emitter):
     def __init__(self, program: Program, options: GraphOptions):
         super().__init__(program, options)
         self.gqa = options.attention == "gqa"
+        self.attention_positions = "gqa_positions" if options.ragged else "positions"  # the kernel's rows'
         self._appended: dict[str, tuple[str, str]] = {}  # gqa: a cache's output -> (the cache, the flat new values)
         self.blocks: dict[str, BlockWeight] = {}  # a weight's name -> its blocks, for a matrix in blocks
         # MatMulNBits' accuracy level 4 rounds x to int8 per block, as Program.int8_activations defines
@@ -201,7 +202,7 @@ class OrtEmitter(Emitter):
         """GroupQueryAttention's lengths: per row its last position ([R] int32, "seqlens_k") and the
         longest row's length (an int32 scalar)."""
         def build() -> tuple[str, str]:
-            last = self.node("ReduceMax", ["positions", self.ints(1)], "last_pos", keepdims=0)
+            last = self.node("ReduceMax", [self.attention_positions, self.ints(1)], "last_pos", keepdims=0)
             longest = self.node("Add", [self.node("ReduceMax", [last], "max_pos", keepdims=0), self._one()], "total")
             return self.cast(last, "i32", "seqlens_k"), self.cast(longest, "i32", "total_len")
         return self._once("gqa_lengths", build)
@@ -210,8 +211,8 @@ class OrtEmitter(Emitter):
         """GroupQueryAttention's query_seqlens: every row's chunk is whole ([R] int32, each the step's
         length). Given, the kernel reads several rows of several tokens that follow a past in one call."""
         def build() -> str:
-            rows = self.node("Shape", ["positions"], "step_rows", start=0, end=1)
-            length = self.node("Shape", ["positions"], "step_length", start=1, end=2)
+            rows = self.node("Shape", [self.attention_positions], "step_rows", start=0, end=1)
+            length = self.node("Shape", [self.attention_positions], "step_length", start=1, end=2)
             return self.cast(self.node("Expand", [length, rows], "query_lengths"), "i32", "query_seqlens")
         return self._once("gqa_query_lengths", build)
 

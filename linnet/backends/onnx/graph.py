@@ -5,6 +5,8 @@ The graph is the whole batched step (``linnet.program``):
     step(tokens [R, T], positions [R, T], rows [R], select [R, S], cache_k.<i>, cache_v.<i>)
         -> logits [R, S, VOCAB] f32, next_ids [R, S] i64 (the argmax), cache_k.<i>.out, cache_v.<i>.out
 
+and, for the runner's own ragged graphs (``GraphOptions.ragged``), GroupQueryAttention's rows
+``gqa_positions [B, W]``, ``unpack [B, W, 2]`` and ``pack [R, T, 2]`` (``passes.gathered_attention``);
 with one ``[ROWS, KV_HEADS, P, HEAD_DIM]`` cache per layer (a sliding layer's ring: ``SLOTS`` for ``P``),
 ``P`` free, and the rotary tables and the weights as initializers. Two variants:
 
@@ -25,7 +27,7 @@ from onnx import TensorProto, helper
 from linnet.backends.onnx.blocks import PARTS, block_size
 from linnet.backends.onnx.contrib import INTERLEAVED, BlockWeight, OrtEmitter, with_interleaved
 from linnet.backends.onnx.lower import ONNX_TYPES, OPSET, Emitter, GraphOptions
-from linnet.backends.onnx.passes import CONTRIB_PASSES, GraphFacts, reads
+from linnet.backends.onnx.passes import CONTRIB_PASSES, GraphFacts, gathered_attention, reads
 from linnet.program import Program, infer_types, layer_section_name, lower
 from linnet.quantize import block_names
 
@@ -101,12 +103,17 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
     def layer_weights(i: int) -> Callable[[str], str]:
         return lambda name: weight(f"layers.{i}.{name}")
 
-    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, shape) for n, shape in
-              (("tokens", ["R", "T"]), ("positions", ["R", "T"]), ("rows", ["R"]), ("select", ["R", "S"]))]
+    named: list[tuple[str, list[str | int]]] = [("tokens", ["R", "T"]), ("positions", ["R", "T"]), ("rows", ["R"]),
+                                              ("select", ["R", "S"])]
+    if options.ragged:  # GroupQueryAttention's own rows (``passes.gathered_attention``)
+        if options.attention != "gqa":
+            raise ValueError("ragged steps gather GroupQueryAttention's rows: they need attention='gqa'")
+        named += [("gqa_positions", ["B", "W"]), ("unpack", ["B", "W", 2]), ("pack", ["R", "T", 2])]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, shape) for n, shape in named]
     cache_type = ONNX_TYPES[e.compute]
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["R", "S", spec.vocab_size]),
                helper.make_tensor_value_info("next_ids", TensorProto.INT64, ["R", "S"])]
-    e.names.update(("tokens", "positions", "rows", "select", "logits", "next_ids"))
+    e.names.update((*(n for n, _ in named), "logits", "next_ids"))
     rope = e.rope_initializers(rope_positions)
 
     env = {n: n for n in ("tokens", "positions", "rows", "select", "rope_cos", "rope_sin")}
@@ -137,7 +144,7 @@ def build_graph(program: Program, weight_shapes: Mapping[str, tuple[int, ...]], 
     e.nodes.append(helper.make_node("ArgMax", ["logits"], ["next_ids"], axis=-1, keepdims=0))
 
     facts = GraphFacts(frozenset(e.residual_sums), exact=e.compute == e.act)
-    for rewrite in CONTRIB_PASSES if e.contrib else ():
+    for rewrite in (*CONTRIB_PASSES, *([gathered_attention] if options.ragged else [])) if e.contrib else ():
         e.nodes = rewrite(e.nodes, facts)
     nodes = _live(e.nodes, {o.name for o in outputs})
     read = {name for node in nodes for name in reads(node)}

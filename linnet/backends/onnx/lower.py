@@ -45,6 +45,9 @@ class GraphOptions:
     variant: str = "plain"  # "plain" | "ort"
     compute: str | None = None  # the dtype ops run in; None: the run dtype
     attention: str = "gather"  # "gather" | "gqa" (``contrib``)
+    # gqa only: GroupQueryAttention's rows apart from the step's tokens (``passes.gathered_attention``), so that
+    # a check of several rows' chunks of different lengths computes only their own positions
+    ragged: bool = False
 
 
 def refuse_unknown_attrs(op: Op, known: set[str], what: str) -> None:

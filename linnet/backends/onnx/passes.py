@@ -76,6 +76,33 @@ def rotary_into_group_query_attention(nodes: list[onnx.NodeProto], facts: GraphF
     return [rewritten.get(id(node), node) for node in nodes if id(node) not in taken]
 
 
+def gathered_attention(nodes: list[onnx.NodeProto], facts: GraphFacts) -> list[onnx.NodeProto]:
+    """GroupQueryAttention's rows apart from the step's tokens (``GraphOptions.ragged``): its q, k and v are
+    gathered from the step's [R, T] tokens into its own [B, W] (``unpack``: for each of its rows' W slots, the
+    token's place (r, t)) and its result back (``pack``: for each token, its place (b, w)), and its lengths read
+    ``gqa_positions`` [B, W]. A step whose rows' chunks differ in length then runs its products on their own
+    tokens (R = 1, T their sum) and pads only the kernel's rows, whose padding writes cache positions past each
+    row's chunk, read by no query before they are written again. Other steps pass the identity (B, W = R, T).
+    Runs after the rotary rewrite, which reads the rotations feeding the kernel."""
+    out: list[onnx.NodeProto] = []
+    for node in nodes:
+        if node.op_type != "GroupQueryAttention":
+            out.append(node)
+            continue
+        inputs = list(node.input)
+        for i in range(3):  # q (or the fused q/k/v product), k, v
+            if inputs[i]:
+                out.append(helper.make_node("GatherND", [inputs[i], "unpack"], [f"{inputs[i]}.rows"],
+                                            name=f"{node.name}.unpack{i}"))
+                inputs[i] = f"{inputs[i]}.rows"
+        result = node.output[0]
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        out.append(helper.make_node(node.op_type, inputs, [f"{result}.rows", *node.output[1:]], name=node.name,
+                                    domain=node.domain, **attrs))
+        out.append(helper.make_node("GatherND", [f"{result}.rows", "pack"], [result], name=f"{node.name}.pack"))
+    return out
+
+
 # The ort variant's rewrites, in the order they run.
 CONTRIB_PASSES: tuple[Pass, ...] = (skip_norms, rotary_into_group_query_attention)
 

@@ -28,7 +28,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +69,8 @@ def graph_options(mode: str, dtype: str, spec: ModelSpec, cache: CacheShape) -> 
     on the CPU provider (whose kernel takes head sizes in multiples of 8)."""
     variant = "plain" if mode == "tensorrt" else "ort"
     gqa = mode == "cpu" and spec.head_dim % 8 == 0
-    return GraphOptions(variant, "f32" if (mode == "cpu" and dtype == "bf16") else None, "gqa" if gqa else "gather")
+    return GraphOptions(variant, "f32" if (mode == "cpu" and dtype == "bf16") else None, "gqa" if gqa else "gather",
+                        ragged=gqa)
 
 
 @dataclass
@@ -119,6 +120,9 @@ class OnnxRunner(Runner):
         self._kept: tempfile.TemporaryDirectory | None = None
         path = self._graph_file(weights, program, max(weights.spec.max_positions, cache.positions + 1))
         self.session = self._session(path)
+        # checks of several rows' chunks of different lengths run their own tokens only, where every layer's
+        # attention is GroupQueryAttention (a ring layer's reads the step's rows: ``verify``)
+        self.ragged_checks = self.options.ragged and not self.rings
         self._bind_caches()
         self.load_time = weights.load_time + time.perf_counter() - start
 
@@ -312,14 +316,51 @@ class OnnxRunner(Runner):
         self._bound = None
         return self._run(tokens, positions, np.arange(count, dtype=np.int64), select), scratch
 
+    def verify(self, chunks: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
+        """``Runner.verify``; where the chunks differ in length and the graph is ragged (``ragged_checks``), a
+        call for each run of consecutive rows computes their own tokens only: GroupQueryAttention alone pads
+        the run's rows to the longest chunk (``passes.gathered_attention``), not every product."""
+        if not self.ragged_checks or len({len(chunk) for chunk in chunks.values()}) < 2:
+            return super().verify(chunks)
+        self._check_verify(chunks)
+        width = max(len(chunk) for chunk in chunks.values())
+        if any(self.lengths[row] + width > self.cache.positions for row in chunks):  # padding past the cache
+            return super().verify(chunks)
+        rows = np.array(sorted(chunks), dtype=np.int64)
+        out: dict[int, np.ndarray] = {}
+        for run in np.split(rows, np.flatnonzero(np.diff(rows) != 1) + 1):
+            out.update(self._ragged_run([int(row) for row in run], chunks))
+        return out
+
+    def _ragged_run(self, run: list[int], chunks: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
+        """Consecutive rows' chunks in one call: the step's tokens are the chunks one after another (one row of
+        their sum), GroupQueryAttention's rows the run's, each padded to the longest chunk."""
+        sizes = np.array([len(chunks[row]) for row in run])
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        width, total = int(sizes.max()), int(sizes.sum())
+        lengths = np.array([self.lengths[row] for row in run], dtype=np.int64)
+        tokens = np.concatenate([np.asarray(chunks[row], dtype=np.int64) for row in run])[None]
+        positions = np.concatenate([length + np.arange(size) for length, size in zip(lengths, sizes)])[None]
+        slots = np.minimum(np.arange(width), sizes[:, None] - 1)  # a row's padding repeats its last token
+        unpack = np.stack([np.zeros_like(slots), starts[:, None] + slots], axis=-1)
+        pack = np.stack([np.repeat(np.arange(len(run)), sizes), np.arange(total) - np.repeat(starts, sizes)], axis=-1)
+        self._bind_window(run[0], run[-1] + 1)
+        out = self._run(tokens, positions, np.zeros(1, np.int64), np.arange(total)[None],
+                        (lengths[:, None] + np.arange(width), unpack, pack[None]))
+        logits = self._to_host(out)[0]
+        return {row: logits[start:start + size] for row, start, size in zip(run, starts, sizes)}
+
+    def _bind_window(self, first: int, last: int) -> None:
+        if self._bound != (first, last):
+            self._bind_cache_values([ort.OrtValue.ortvalue_from_numpy(c[first:last]) for c in self.caches])
+            self._bound = (first, last)
+
     def _window(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray) -> StepOutput:
         """The step on the cache rows min(rows)..max(rows), bound as views; the window's other rows idle.
         The step's rows are the window's (a ring layer's ScatterND and Gather read them; GroupQueryAttention
         takes the bound rows in order)."""
         first, last = int(rows.min()), int(rows.max()) + 1
-        if self._bound != (first, last):
-            self._bind_cache_values([ort.OrtValue.ortvalue_from_numpy(c[first:last]) for c in self.caches])
-            self._bound = (first, last)
+        self._bind_window(first, last)
         slot = rows - first
         if last - first == len(rows) and (slot == np.arange(len(rows))).all():
             return self._run(tokens, positions, slot, select)
@@ -331,8 +372,14 @@ class OnnxRunner(Runner):
         out = self._run(full_tokens, full_positions, np.arange(size, dtype=np.int64), full_select)
         return StepOutput(out.logits, out.ids[slot], slot)
 
-    def _run(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray) -> StepOutput:
+    def _run(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray,
+             ragged: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> StepOutput:
+        """The graph on these inputs; a ragged graph's attention rows are the step's own unless ``ragged``
+        (``gqa_positions``, ``unpack``, ``pack``) says otherwise (``_ragged_run``)."""
         inputs = {"tokens": tokens, "positions": positions, "rows": rows, "select": select}
+        if self.options.ragged:
+            places = np.moveaxis(np.indices(tokens.shape), 0, -1)  # each token's own (r, t)
+            inputs.update(zip(("gqa_positions", "unpack", "pack"), ragged or (positions, places, places)))
         for name, array in inputs.items():
             self.binding.bind_cpu_input(name, np.ascontiguousarray(array, dtype=np.int64))
         self._bind_results()

@@ -164,7 +164,7 @@ def test_group_query_attention_over_windows_of_rows_gives_the_general_graphs_log
     one, two = (create_runner("onnx:cpu", weights, CacheShape(rows, 32)) for rows in (1, 2))
     assert one.describe()["attention"] == two.describe()["attention"] == "gqa"
     general = onnx_runner.graph_options
-    monkeypatch.setattr(onnx_runner, "graph_options", lambda *a: replace(general(*a), attention="gather"))
+    monkeypatch.setattr(onnx_runner, "graph_options", lambda *a: replace(general(*a), attention="gather", ragged=False))
     gather = create_runner("onnx:cpu", weights, CacheShape(2, 32))
     assert gather.describe()["attention"] == "gather"
     tokens = [5, 17, 101, 42, 250, 7, 9, 33, 61]
@@ -195,9 +195,10 @@ def test_a_window_of_rows_leaves_the_rows_outside_it_alone(checkpoint_dir):
 
 
 def test_several_rows_chunks_after_their_pasts_go_in_a_call_a_run_of_rows(checkpoint_dir, monkeypatch):
-    """Speculation's checks (``Runner.verify``) of rows 0, 1, 2 and 4: GroupQueryAttention reads the
-    consecutive rows' chunks, of different lengths, in one call and row 4's in another; every position's
-    logits are the reference's, and row 3, between the calls' rows, keeps its cache."""
+    """Speculation's checks (``Runner.verify``) of rows 0, 1, 2 and 4: the consecutive rows' chunks, of
+    different lengths, go in one call of their own 9 tokens (GroupQueryAttention alone pads its rows to the
+    longest) and row 4's in another; every position's logits are the reference's, and row 3, between the
+    calls' rows, keeps its cache."""
     weights = open_model(str(checkpoint_dir(CASE))).weights
     runner = create_runner("onnx:cpu", weights, CacheShape(5, 32))
     reference = create_runner("reference:numpy", weights, CacheShape(5, 32))
@@ -210,11 +211,39 @@ def test_several_rows_chunks_after_their_pasts_go_in_a_call_a_run_of_rows(checkp
     monkeypatch.setattr(runner, "_run", lambda tokens, *rest: calls.append(tokens.shape) or run(tokens, *rest))
     chunks = {4: [9, 8, 7], 0: [3, 4], 2: [11, 12, 13, 14], 1: [6, 6, 6]}
     got, want = runner.verify(chunks), reference.verify(chunks)
-    assert sorted(calls) == [(1, 4), (3, 4)]
+    assert runner.ragged_checks and sorted(calls) == [(1, 3), (1, 9)]
     for row, chunk in chunks.items():
         assert got[row].shape == (len(chunk), weights.spec.vocab_size)
         assert np.abs(got[row] - want[row]).max() <= 1e-4
     assert all(np.array_equal(old, new[3]) for old, new in zip(before, runner.caches))
+
+
+@pytest.mark.parametrize("case", ["llama-gqa3", CASE])  # the rotations in the kernel; q/k norms before them
+def test_a_ragged_check_gives_the_padded_checks_logits_and_caches(checkpoint_dir, case):
+    """A check whose rows' chunks differ in length computes their own tokens only: the logits and the caches'
+    written positions are those of the same check padded to the longest chunk (every row's products)."""
+    weights = open_model(str(checkpoint_dir(case))).weights
+    ragged, padded = (create_runner("onnx:cpu", weights, CacheShape(3, 32)) for _ in range(2))
+    padded.ragged_checks = False
+    for runner in (ragged, padded):
+        for row in range(3):
+            runner.prefill(row, [5 + row, 17, 101, 7, 3][:3 + row])
+    chunks = {0: [9, 8, 7, 6, 5], 1: [4], 2: [11, 12]}
+    got, want = ragged.verify(chunks), padded.verify(chunks)
+    for row, chunk in chunks.items():
+        assert np.abs(got[row] - want[row]).max() <= 1e-4
+        length = ragged.lengths[row]
+        for mine, theirs in zip(ragged.caches, padded.caches):
+            assert np.abs(mine[row, :, :length + len(chunk)] - theirs[row, :, :length + len(chunk)]).max() <= 1e-5
+
+
+def test_rings_keep_checks_padded(checkpoint_dir):
+    """A sliding layer's ring reads the step's rows, not GroupQueryAttention's: its checks stay padded."""
+    weights = open_model(str(checkpoint_dir("mistral-window5"))).weights
+    ringed = create_runner("onnx:cpu", weights, CacheShape(2, 32, chunk=4))  # rings of 5 + 4 - 1 slots
+    assert ringed.rings and not ringed.ragged_checks
+    whole = create_runner("onnx:cpu", weights, CacheShape(2, 32))  # a window the whole cache holds: no ring
+    assert not whole.rings and whole.ragged_checks
 
 
 def test_first_prompts_of_rows_apart_share_one_scratch_and_give_what_each_gives_alone(checkpoint_dir):

@@ -173,8 +173,8 @@ def test_the_decode_step_is_compiled_with_guided_loops_and_prefetches(checkpoint
                                CacheShape(rows=2, positions=32))
         runner.prefill(0, list(range(3, 10)))
         runner.decode([5, 0])
-    one = torch.zeros((2, 1), dtype=torch.int64)
-    package = aot.package_path(runner.model, runner.source, (one, one, one[:, 0], None), dynamic=False)
+        one = torch.zeros((2, 1), dtype=torch.int64)  # the package's key holds the vector width asked for
+        package = aot.package_path(runner.model, runner.source, (one, one, one[:, 0], None), dynamic=False)
     with zipfile.ZipFile(package) as files:
         [decode_code] = [files.read(n).decode() for n in files.namelist() if n.endswith(".kernel.cpp")]
     assert decode_code.count("#pragma omp for schedule(guided)") > 0
