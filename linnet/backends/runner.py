@@ -415,7 +415,7 @@ class Runner(ABC):
         scratch = np.full((1, 2), self.scratch_position, dtype=np.int64)
         self._forward(np.zeros((1, 2), dtype=np.int64), scratch, np.zeros(1, dtype=np.int64),
                       np.array([[1]], dtype=np.int64))
-        for size in self.decode_sizes():
+        for size in self.warmed_decode_sizes():
             self._forward(np.zeros((size, 1), dtype=np.int64),
                           np.full((size, 1), self.scratch_position, dtype=np.int64),
                           np.arange(size, dtype=np.int64), None)
@@ -602,6 +602,10 @@ class Runner(ABC):
             sizes.append(n)
             n *= 4
         return (*sizes, self.cache.rows)
+
+    def warmed_decode_sizes(self) -> tuple[int, ...]:
+        """The decode sizes the warm-up runs: every one, where each is a compile of its own."""
+        return self.decode_sizes()
 
     def _decode_rows(self, tokens_by_row: dict[int, int]) -> tuple[Any, dict[int, int]]:
         """One call: the given rows advance one token, padding rows write the scratch. The logits

@@ -313,3 +313,22 @@ def test_weights_past_2_gb_export_and_load(tmp_path):
     got = runner.prefill(0, tokens)
     want = create_runner("reference:numpy", Weights(spec, arrays), CacheShape(1, 16)).prefill(0, tokens)
     assert np.abs(got - want).max() <= 1e-4
+
+
+def test_a_decode_step_on_the_cpu_runs_its_busy_rows_only(checkpoint_dir, monkeypatch):
+    """ONNX Runtime compiles nothing per shape: 5 busy rows of 16 decode as 5, not padded to 16, with the
+    logits of the rows decoded each alone; the warm-up runs the largest step only."""
+    weights = open_model(str(checkpoint_dir(CASE))).weights
+    runner, alone = (create_runner("onnx:cpu", weights, CacheShape(16, 32)) for _ in range(2))
+    assert runner.decode_sizes() == tuple(range(1, 17)) and runner.warmed_decode_sizes() == (16,)
+    for each in (runner, alone):
+        for row in range(5):
+            each.prefill(row, [5 + row, 17, 101])
+    calls = []
+    run = runner._run
+    monkeypatch.setattr(runner, "_run", lambda tokens, *rest: calls.append(tokens.shape) or run(tokens, *rest))
+    got = runner.decode([7] * 16, [row < 5 for row in range(16)])
+    assert calls == [(5, 1)]
+    for row in range(5):
+        want = alone.decode([7] * 16, [r == row for r in range(16)])[row]
+        assert np.abs(got[row] - want).max() <= 1e-4
