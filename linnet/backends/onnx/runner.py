@@ -329,38 +329,39 @@ class OnnxRunner(Runner):
         return self._run(tokens, positions, np.arange(count, dtype=np.int64), select), scratch
 
     def verify(self, chunks: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
-        """``Runner.verify``; where the chunks differ in length and the graph is ragged (``ragged_checks``), a
-        call for each run of consecutive rows computes their own tokens only: GroupQueryAttention alone pads
-        the run's rows to the longest chunk (``passes.gathered_attention``), not every product."""
-        if not self.ragged_checks or len({len(chunk) for chunk in chunks.values()}) < 2:
+        """``Runner.verify``; where the chunks differ in length or their rows are apart, and the graph is ragged
+        (``ragged_checks``), one call over the window of their rows computes their own tokens only:
+        GroupQueryAttention alone pads each of the window's rows to the longest chunk
+        (``passes.gathered_attention``), not every product."""
+        if not self.ragged_checks or len(chunks) < 2:
             return super().verify(chunks)
         self._check_verify(chunks)
         width = max(len(chunk) for chunk in chunks.values())
-        if any(self.lengths[row] + width > self.cache.positions for row in chunks):  # padding past the cache
-            return super().verify(chunks)
-        rows = np.array(sorted(chunks), dtype=np.int64)
-        out: dict[int, np.ndarray] = {}
-        for run in np.split(rows, np.flatnonzero(np.diff(rows) != 1) + 1):
-            out.update(self._ragged_run([int(row) for row in run], chunks))
-        return out
+        first, last = min(chunks), max(chunks) + 1
+        if any(self.lengths[row] + width > self.cache.positions for row in range(first, last)):
+            return super().verify(chunks)  # padding past a row's cache
+        return self._ragged_window(first, last, chunks)
 
-    def _ragged_run(self, run: list[int], chunks: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
-        """Consecutive rows' chunks in one call: the step's tokens are the chunks one after another (one row of
-        their sum), GroupQueryAttention's rows the run's, each padded to the longest chunk."""
-        sizes = np.array([len(chunks[row]) for row in run])
+    def _ragged_window(self, first: int, last: int, chunks: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
+        """The chunks of rows ``first``..``last`` in one call: the step's tokens are the chunks one after another
+        (one row of their sum), GroupQueryAttention's rows the window's, each padded to the longest chunk; a
+        window row without a chunk (idle, or decoding apart) reads no token of its own, and its padding writes
+        positions past its length, which no query reads before they are written again."""
+        window = range(first, last)
+        sizes = np.array([len(chunks.get(row, ())) for row in window])
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         width, total = int(sizes.max()), int(sizes.sum())
-        lengths = np.array([self.lengths[row] for row in run], dtype=np.int64)
-        tokens = np.concatenate([np.asarray(chunks[row], dtype=np.int64) for row in run])[None]
+        lengths = np.array([self.lengths[row] for row in window], dtype=np.int64)
+        tokens = np.concatenate([np.asarray(chunks[row], dtype=np.int64) for row in window if row in chunks])[None]
         positions = np.concatenate([length + np.arange(size) for length, size in zip(lengths, sizes)])[None]
-        slots = np.minimum(np.arange(width), sizes[:, None] - 1)  # a row's padding repeats its last token
-        unpack = np.stack([np.zeros_like(slots), starts[:, None] + slots], axis=-1)
-        pack = np.stack([np.repeat(np.arange(len(run)), sizes), np.arange(total) - np.repeat(starts, sizes)], axis=-1)
-        self._bind_window(run[0], run[-1] + 1)
+        slots = np.clip(starts[:, None] + np.minimum(np.arange(width), sizes[:, None] - 1), 0, total - 1)
+        unpack = np.stack([np.zeros_like(slots), slots], axis=-1)  # a row's padding repeats its last token
+        pack = np.stack([np.repeat(np.arange(len(window)), sizes), np.arange(total) - np.repeat(starts, sizes)], -1)
+        self._bind_window(first, last)
         out = self._run(tokens, positions, np.zeros(1, np.int64), np.arange(total)[None],
                         (lengths[:, None] + np.arange(width), unpack, pack[None]))
         logits = self._to_host(out)[0]
-        return {row: logits[start:start + size] for row, start, size in zip(run, starts, sizes)}
+        return {row: logits[start:start + size] for row, start, size in zip(window, starts, sizes) if row in chunks}
 
     def _bind_window(self, first: int, last: int) -> None:
         if self._bound != (first, last):

@@ -194,28 +194,31 @@ def test_a_window_of_rows_leaves_the_rows_outside_it_alone(checkpoint_dir):
         assert not np.array_equal(old[2], new[2])  # position 3 of row 2 was written
 
 
-def test_several_rows_chunks_after_their_pasts_go_in_a_call_a_run_of_rows(checkpoint_dir, monkeypatch):
-    """Speculation's checks (``Runner.verify``) of rows 0, 1, 2 and 4: the consecutive rows' chunks, of
-    different lengths, go in one call of their own 9 tokens (GroupQueryAttention alone pads its rows to the
-    longest) and row 4's in another; every position's logits are the reference's, and row 3, between the
-    calls' rows, keeps its cache."""
+def test_several_rows_chunks_after_their_pasts_go_in_one_call_of_their_own_tokens(checkpoint_dir, monkeypatch):
+    """Speculation's checks (``Runner.verify``) of rows 0, 1, 2 and 4, of different lengths: one call over
+    the window of rows 0-4 whose products run on the chunks' own 12 tokens (GroupQueryAttention alone pads its
+    rows to the longest); every position's logits are the reference's, and row 3, in the window without a
+    chunk, keeps what it holds (only positions past its length are written)."""
     weights = open_model(str(checkpoint_dir(CASE))).weights
     runner = create_runner("onnx:cpu", weights, CacheShape(5, 32))
     reference = create_runner("reference:numpy", weights, CacheShape(5, 32))
     for each in (runner, reference):
         for row in range(5):
             each.prefill(row, [5 + row, 17, 101, 7][:2 + row % 3])
-    before = [c[3].copy() for c in runner.caches]
+    held = runner.lengths[3]
+    before = [c[3, :, :held].copy() for c in runner.caches]
     calls = []
     run = runner._run
     monkeypatch.setattr(runner, "_run", lambda tokens, *rest: calls.append(tokens.shape) or run(tokens, *rest))
     chunks = {4: [9, 8, 7], 0: [3, 4], 2: [11, 12, 13, 14], 1: [6, 6, 6]}
     got, want = runner.verify(chunks), reference.verify(chunks)
-    assert runner.ragged_checks and sorted(calls) == [(1, 3), (1, 9)]
+    assert runner.ragged_checks and calls == [(1, 12)]
     for row, chunk in chunks.items():
         assert got[row].shape == (len(chunk), weights.spec.vocab_size)
         assert np.abs(got[row] - want[row]).max() <= 1e-4
-    assert all(np.array_equal(old, new[3]) for old, new in zip(before, runner.caches))
+    assert all(np.array_equal(old, new[3, :, :held]) for old, new in zip(before, runner.caches))
+    only_3 = [row == 3 for row in range(5)]  # and decodes on as the reference does
+    assert np.abs(runner.decode([5] * 5, only_3)[3] - reference.decode([5] * 5, only_3)[3]).max() <= 1e-4
 
 
 @pytest.mark.parametrize("case", ["llama-gqa3", CASE])  # the rotations in the kernel; q/k norms before them
