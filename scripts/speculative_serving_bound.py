@@ -1,7 +1,8 @@
 """How far speculation could take `linnet serve` at several requests in flight, on this machine.
 
-Measures, on the default model with onnx:cpu (the server's backend for it): a decode step of 1, 2 and 4
-rows, checks of 4 rows of 2-9 positions and of one row of 2-9, and each copying prompt's read; then the
+Measures, on the default model with onnx:cpu (the server's backend for it): a decode step of 1 to 4 rows
+(each on a runner of that many rows, as a server has a row a request in flight), checks of 1, 2 and 4 rows
+of 2-9 positions each, and each copying prompt's read; then the
 greedy answers of the copying prompts (128 tokens, the end token ignored, as `linnet bench-serve
 --profile cpu-copying` asks) and, after every token, how many of prompt lookup's 8 drafts the answer
 keeps. With those it replays 16 requests at 1, 2 and 4 in flight under five rules:
@@ -14,8 +15,9 @@ keeps. With those it replays 16 requests at 1, 2 and 4 in flight under five rule
   while their expected tokens a millisecond beat a decode step's (not built);
 - oracle: checks holding exactly the drafts that will be kept (no drafter can do better).
 
-A step's cost is fitted as a constant plus a cost per row (a decode step) or per position over all its
-rows (a check); `--scale` multiplies those (0.5: products twice as fast) to show what a figure needs.
+A decode step costs what it measured; a check is fitted as a constant plus a cost per position over all
+its rows. `--scale` multiplies the part of each past the decode steps' fitted constant (0.5: products twice
+as fast) to show what a figure needs.
 Run: .venv/bin/python scripts/speculative_serving_bound.py [--threads 2] [--scale 1 0.7 0.5]
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 from linnet.backends import CacheShape, Runner, create_runner
 from linnet.backends.onnx import setup
 from linnet.bench.workloads import chat_ids, workload_prompts
-from linnet.model import open_model
+from linnet.model import LoadedModel, open_model
 from linnet.sampling import Sampling
 from linnet.speculative.ngram import PromptLookup
 
@@ -46,12 +48,13 @@ class Trace:
 
 @dataclass
 class Costs:
-    decode: tuple[float, float]  # ms = a + b * rows
+    decode: dict[int, float]  # ms of a decode step of so many rows, measured on a runner of that many
+    fixed: float  # the decode steps' fitted constant: what faster products would not change
     check: tuple[float, float]  # ms = a + b * positions, over all rows
 
     def step(self, rows: int, positions: int, scale: float) -> float:
         if positions == rows:
-            return self.decode[0] + scale * self.decode[1] * rows
+            return self.fixed + scale * (self.decode[rows] - self.fixed)
         return self.check[0] + scale * self.check[1] * positions
 
 
@@ -71,31 +74,43 @@ def line(points: list[tuple[int, float]]) -> tuple[float, float]:
     return float(intercept), float(slope)
 
 
-def measure_costs(runner: Runner) -> Costs:
+def measure_costs(model: LoadedModel, most_rows: int = 4) -> Costs:
+    """Decode steps on runners of 1..``most_rows`` rows (a server's rows are its requests in flight), checks
+    of 1, 2 and ``most_rows`` rows of 2-9 positions each; every row at 120 tokens."""
+    decodes, checks = [], []
+    for rows in range(1, most_rows + 1):
+        decode_ms, row_checks = runner_costs(model, rows, rows in (1, 2, most_rows))
+        decodes.append((rows, decode_ms))
+        checks += row_checks
+    costs = Costs(dict(decodes), line(decodes)[0], line(checks))
+    print("decode steps (rows, ms):", [(r, round(ms, 1)) for r, ms in decodes])
+    print("checks (positions, ms):", [(p, round(ms, 1)) for p, ms in checks])
+    print(f"fitted: check {costs.check[0]:.1f} + {costs.check[1]:.2f} ms a position; decode's constant "
+          f"{costs.fixed:.1f} ms")
+    return costs
+
+
+def runner_costs(model: LoadedModel, rows: int, checks: bool) -> tuple[float, list[tuple[int, float]]]:
+    """On a runner of ``rows`` rows at 120 tokens each: a decode step's ms, and (positions, ms) of checks of
+    every row's 2, 3, 5 and 9 positions where ``checks``."""
+    runner = create_runner("onnx:cpu", model.weights, CacheShape(rows, 512))
     rng = np.random.default_rng(0)
-    for row in range(4):
+    for row in range(rows):
         runner.prefill(row, rng.integers(100, 40000, 120).tolist())
 
     def again() -> None:
-        for row in range(4):
+        for row in range(rows):
             runner.reset(row, 120)
 
-    def decode(rows: int) -> None:
-        runner.decode([5] * 4, [row < rows for row in range(4)])
+    def decode() -> None:
+        runner.decode([5] * rows)
         again()
 
-    def check(rows: int, width: int) -> None:
+    def check(width: int) -> None:
         runner.verify({row: [5] * width for row in range(rows)})
         again()
 
-    decodes = [(rows, median_ms(decode, rows)) for rows in (1, 2, 4)]
-    checks = [(rows * width, median_ms(check, rows, width)) for rows in (1, 4) for width in (2, 3, 5, 9)]
-    costs = Costs(line(decodes), line(checks))
-    print("decode steps (rows, ms):", [(r, round(ms, 1)) for r, ms in decodes])
-    print("checks (positions, ms):", [(p, round(ms, 1)) for p, ms in checks])
-    print(f"fitted: decode {costs.decode[0]:.1f} + {costs.decode[1]:.2f} ms a row, "
-          f"check {costs.check[0]:.1f} + {costs.check[1]:.2f} ms a position")
-    return costs
+    return median_ms(decode), [(rows * width, median_ms(check, width)) for width in (2, 3, 5, 9) if checks]
 
 
 def record_traces(runner: Runner, model_tokenizer: object) -> list[Trace]:
@@ -190,7 +205,7 @@ def main() -> None:
     args = parser.parse_args()
     setup.set_threads(args.threads)
     model = open_model("smollm2-135m-instruct")
-    costs = measure_costs(create_runner("onnx:cpu", model.weights, CacheShape(4, 512)))
+    costs = measure_costs(model)
     traces = record_traces(create_runner("onnx:cpu", model.weights, CacheShape(1, 512)), model.tokenizer)
     for scale in args.scale:
         for in_flight in (1, 2, 4):
