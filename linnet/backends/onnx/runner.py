@@ -11,9 +11,11 @@ each row's length and reads only the valid part of the cache, but its batch is t
 in order. So the caches are host arrays, and a step binds the window of cache rows from its lowest row
 to its highest (views: nothing is copied), the window's rows the step does not name writing the scratch
 position, as idle rows do. A prompt chunk is a window of one row; a decode step over the engine's rows
-(filled from row 0) is the rows it runs. The kernel takes several rows of several tokens only where
-none has a past: several rows' prompts from position 0 are one batch (``_first_prompts``); other steps
-of several tokens in several rows go a row at a time. A step must place each row's tokens contiguously;
+(filled from row 0) is the rows it runs, and no more (``decode_sizes``). Several rows' prompts from
+position 0 are one batch (``_first_prompts``); speculation's checks of several rows' chunks after their
+pasts are one ragged call over their rows' window, the products on the chunks' own tokens (``verify``;
+padded, a call a run of consecutive rows, where the program has ring layers); other steps of several
+tokens in several rows go a row at a time. A step must place each row's tokens contiguously;
 one that does not (the warm-up's tokens at the scratch position) runs a token at a time, in order of
 position, which is the same step: a query attends to positions up to its own, which the earlier tokens
 have written.
@@ -388,7 +390,7 @@ class OnnxRunner(Runner):
     def _run(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, select: np.ndarray,
              ragged: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> StepOutput:
         """The graph on these inputs; a ragged graph's attention rows are the step's own unless ``ragged``
-        (``gqa_positions``, ``unpack``, ``pack``) says otherwise (``_ragged_run``)."""
+        (``gqa_positions``, ``unpack``, ``pack``) says otherwise (``_ragged_window``)."""
         inputs = {"tokens": tokens, "positions": positions, "rows": rows, "select": select}
         if self.options.ragged:
             places = np.moveaxis(np.indices(tokens.shape), 0, -1)  # each token's own (r, t)
