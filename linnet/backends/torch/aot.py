@@ -24,6 +24,7 @@ import hashlib
 import os
 import platform
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -80,10 +81,11 @@ def _code_identity() -> str:
 
 
 def _vector_width() -> str:
-    """The vector code inductor is asked for, where not the CPU's widest."""
-    from torch._inductor import config  # read here: importing inductor takes a second
-
-    return f"{os.environ.get('ATEN_CPU_CAPABILITY', '')}|{config.cpp.simdlen}"
+    """The vector code inductor is asked for, where not the CPU's widest. Its config is read only where
+    something imported it (only code can set ``cpp.simdlen``): importing it takes a second, which a run
+    that only asks whether its packages are on disk should not pay."""
+    config = sys.modules.get("torch._inductor.config")
+    return f"{os.environ.get('ATEN_CPU_CAPABILITY', '')}|{None if config is None else config.cpp.simdlen}"
 
 
 def _cpu_flags() -> str:
